@@ -1,0 +1,154 @@
+#pragma once
+// WhenAll: await many tasks at once.
+//
+//   std::vector<T> r = co_await WhenAll(std::move(vector_of_tasks));
+//   auto [a, b]     = co_await WhenAll(TaskA(), TaskB());
+//
+// Every child is started inline, in order, on the awaiting thread; the parent
+// resumes once all have finished (a counter started at count + 1, as in
+// cppcoro, so children that finish synchronously never resume the parent
+// early). If any child threw, the first exception (in argument order) is
+// rethrown after all children have finished. Void results become Void{} in
+// the tuple form.
+
+#include <coroutine>
+#include <cstddef>
+#include <exception>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ckptio/task.h"
+
+namespace ckptio {
+
+struct Void {};
+
+namespace detail {
+
+struct WhenAllState {
+  explicit WhenAllState(size_t children) : remaining(children + 1) {}
+  // Returns true iff this was the last outstanding arrival.
+  bool Arrive() { return --remaining == 0; }
+  size_t remaining;
+  std::coroutine_handle<> parent;
+};
+
+template <typename T>
+class WhenAllChild {
+ public:
+  using Stored = std::conditional_t<std::is_void_v<T>, Void, T>;
+
+  struct promise_type {
+    WhenAllState* state = nullptr;
+    std::optional<Stored> value;
+    std::exception_ptr exception;
+
+    WhenAllChild get_return_object() noexcept {
+      return WhenAllChild(std::coroutine_handle<promise_type>::from_promise(*this));
+    }
+    std::suspend_always initial_suspend() noexcept { return {}; }
+    struct Final {
+      bool await_ready() noexcept { return false; }
+      void await_suspend(std::coroutine_handle<promise_type> h) noexcept {
+        WhenAllState* s = h.promise().state;
+        if (s->Arrive()) s->parent.resume();
+      }
+      void await_resume() noexcept {}
+    };
+    Final final_suspend() noexcept { return {}; }
+    void unhandled_exception() noexcept { exception = std::current_exception(); }
+    template <typename U>
+    void return_value(U&& v) {
+      value.emplace(std::forward<U>(v));
+    }
+  };
+
+  explicit WhenAllChild(std::coroutine_handle<promise_type> h) : h_(h) {}
+  WhenAllChild(WhenAllChild&& o) noexcept : h_(std::exchange(o.h_, {})) {}
+  WhenAllChild(const WhenAllChild&) = delete;
+  ~WhenAllChild() {
+    if (h_) h_.destroy();
+  }
+
+  void Start(WhenAllState* state) {
+    h_.promise().state = state;
+    h_.resume();
+  }
+  void RethrowIfFailed() const {
+    if (h_.promise().exception) std::rethrow_exception(h_.promise().exception);
+  }
+  Stored Take() { return std::move(*h_.promise().value); }
+
+ private:
+  std::coroutine_handle<promise_type> h_;
+};
+
+template <typename T>
+WhenAllChild<T> MakeWhenAllChild(Task<T> task) {
+  if constexpr (std::is_void_v<T>) {
+    co_await task;
+    co_return Void{};
+  } else {
+    co_return co_await task;
+  }
+}
+
+// Starts children via `start(state)`, suspends unless all finished inline.
+template <typename StartAll>
+class WhenAllAwaiter {
+ public:
+  WhenAllAwaiter(WhenAllState* state, StartAll start) : state_(state), start_(start) {}
+  bool await_ready() const noexcept { return false; }
+  bool await_suspend(std::coroutine_handle<> parent) {
+    state_->parent = parent;
+    start_(state_);
+    return !state_->Arrive();
+  }
+  void await_resume() const noexcept {}
+
+ private:
+  WhenAllState* state_;
+  StartAll start_;
+};
+
+}  // namespace detail
+
+template <typename T>
+auto WhenAll(std::vector<Task<T>> tasks)
+    -> Task<std::conditional_t<std::is_void_v<T>, void, std::vector<T>>> {
+  std::vector<detail::WhenAllChild<T>> children;
+  children.reserve(tasks.size());
+  for (auto& t : tasks) children.push_back(detail::MakeWhenAllChild<T>(std::move(t)));
+  detail::WhenAllState state(children.size());
+  auto start = [&children](detail::WhenAllState* s) {
+    for (auto& c : children) c.Start(s);
+  };
+  detail::WhenAllAwaiter<decltype(start)> awaiter(&state, start);
+  co_await awaiter;
+  for (auto& c : children) c.RethrowIfFailed();
+  if constexpr (!std::is_void_v<T>) {
+    std::vector<T> out;
+    out.reserve(children.size());
+    for (auto& c : children) out.push_back(c.Take());
+    co_return out;
+  }
+}
+
+template <typename... Ts>
+auto WhenAll(Task<Ts>... tasks)
+    -> Task<std::tuple<typename detail::WhenAllChild<Ts>::Stored...>> {
+  std::tuple<detail::WhenAllChild<Ts>...> children(detail::MakeWhenAllChild<Ts>(std::move(tasks))...);
+  detail::WhenAllState state(sizeof...(Ts));
+  auto start = [&children](detail::WhenAllState* s) {
+    std::apply([s](auto&... c) { (c.Start(s), ...); }, children);
+  };
+  detail::WhenAllAwaiter<decltype(start)> awaiter(&state, start);
+  co_await awaiter;
+  std::apply([](auto&... c) { (c.RethrowIfFailed(), ...); }, children);
+  co_return std::apply([](auto&... c) { return std::make_tuple(c.Take()...); }, children);
+}
+
+}  // namespace ckptio

@@ -1,0 +1,56 @@
+#include "runtime/io_ops.h"
+
+#include <algorithm>
+
+namespace ckptio::runtime {
+namespace {
+// One submission moves at most this much; the kernel caps a single read or
+// write near 2 GiB anyway, and io_uring's length field is 32 bits.
+constexpr size_t kMaxChunk = size_t{1} << 30;
+}  // namespace
+
+void ReadOp::Prep(io_uring_sqe* sqe) {
+  unsigned n = static_cast<unsigned>(std::min(len_ - done_, kMaxChunk));
+  if (fixed_ >= 0) {
+    io_uring_prep_read_fixed(sqe, file_->fd(), buf_ + done_, n, off_ + done_, fixed_);
+    loop_->NoteFixedOp();
+  } else {
+    io_uring_prep_read(sqe, file_->fd(), buf_ + done_, n, off_ + done_);
+  }
+}
+
+bool ReadOp::OnResult(int res) {
+  if (Transient(res)) return false;
+  if (res < 0) {
+    err_ = -res;
+    return true;
+  }
+  done_ += static_cast<size_t>(res);
+  return res == 0 || done_ == len_;  // 0: end of file
+}
+
+void WriteOp::Prep(io_uring_sqe* sqe) {
+  unsigned n = static_cast<unsigned>(std::min(len_ - done_, kMaxChunk));
+  if (fixed_ >= 0) {
+    io_uring_prep_write_fixed(sqe, file_->fd(), buf_ + done_, n, off_ + done_, fixed_);
+    loop_->NoteFixedOp();
+  } else {
+    io_uring_prep_write(sqe, file_->fd(), buf_ + done_, n, off_ + done_);
+  }
+}
+
+bool WriteOp::OnResult(int res) {
+  if (Transient(res)) return false;
+  if (res < 0) {
+    err_ = -res;
+    return true;
+  }
+  if (res == 0 && len_ > 0) {  // no progress and no error: report rather than spin
+    err_ = EIO;
+    return true;
+  }
+  done_ += static_cast<size_t>(res);
+  return done_ == len_;
+}
+
+}  // namespace ckptio::runtime
