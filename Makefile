@@ -1,0 +1,55 @@
+# ckptio: every target installs what it needs on a fresh Debian machine,
+# configures meson on first use, builds, and runs.
+#
+#   make demo    the main job (DEMO_ARGS="..." to pass flags)
+#   make test    the whole suite, normal build + ASan/UBSan build; ends with "N passed, N failed"
+#   make bench   the benchmarks; tables go to bench/results/
+#   make build   just build (build/)
+
+SHELL := /bin/bash
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+DEMO_ARGS ?=
+
+APT_PACKAGES := g++ make meson ninja-build pkg-config cmake python3 \
+  liburing-dev libcurl4-openssl-dev libssl-dev nlohmann-json3-dev doctest-dev libisal-dev \
+  fio
+
+.PHONY: all deps build build-asan demo test bench clean
+
+all: build
+
+deps:
+	@.ci/ensure-deps.sh $(APT_PACKAGES)
+
+$(BUILD)/build.ninja:
+	meson setup $(BUILD) --buildtype=debugoptimized
+
+# -O0 so the tests also cover the debug build (stack depth of synchronous
+# completions), with AddressSanitizer and UndefinedBehaviorSanitizer.
+$(ASAN_BUILD)/build.ninja:
+	meson setup $(ASAN_BUILD) --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false \
+	  -Dcpp_args=-fno-sanitize-recover=undefined
+
+build: deps $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+
+build-asan: deps $(ASAN_BUILD)/build.ninja
+	ninja -C $(ASAN_BUILD)
+
+demo: build
+	$(BUILD)/src/cli/ckptio demo $(DEMO_ARGS)
+
+test: build build-asan
+	@rc=0; \
+	meson test -C $(BUILD) --print-errorlogs --num-processes 2 || rc=1; \
+	meson test -C $(ASAN_BUILD) --print-errorlogs --num-processes 2 || rc=1; \
+	python3 tests/tools/summarize.py $(BUILD) $(ASAN_BUILD) || rc=1; \
+	exit $$rc
+
+bench: build
+	@mkdir -p bench/results
+	$(BUILD)/bench/runtime_bench | tee bench/results/runtime.md
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,24 @@
+#pragma once
+// WriteInBlocks: write one contiguous buffer to a file as fixed-size writes
+// with several in flight, the way staged shard images go to disk.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ckptio/status.h"
+#include "ckptio/task.h"
+#include "runtime/loop.h"
+
+namespace ckptio::runtime {
+
+// Writes [data, data + len) to `*file` starting at file offset `offset`, as
+// writes of `block` bytes (the last one may be shorter) with at most `depth`
+// in flight. For O_DIRECT files, data, offset and block must be aligned to
+// the device's logical block size, and so must len unless the file is
+// extended past it later. Returns the first error; writes already issued are
+// awaited before returning, so the buffer may be reused afterwards.
+// REQUIRES: *file and the buffer outlive the returned task.
+Task<Status> WriteInBlocks(Loop& loop, const File* file, const char* data, size_t len,
+                           uint64_t offset, size_t block, int depth);
+
+}  // namespace ckptio::runtime
