@@ -1,0 +1,106 @@
+#pragma once
+// The checkpoint manifest, manifest.json: the commit point of a checkpoint (a
+// checkpoint exists iff its manifest does) and the only index a reader trusts.
+// It lists every shard (name, bytes, CRC32C) and every tensor (name, dtype,
+// shape, shard, absolute offset in the shard file, bytes, CRC32C).
+//
+// JSON layout (format_version 1), one shard or tensor per line so that diffs
+// and grep stay useful:
+//
+//   {
+//     "format_version": 1,
+//     "step": 200,
+//     "created": "2024-05-01T12:00:00Z",
+//     "writer": "ckptio 0.1.0",
+//     "metadata": {...},
+//     "shards": [
+//       {"name":"shard-00000.safetensors","bytes":4196,"crc32c":"e3069283"}
+//     ],
+//     "tensors": [
+//       {"name":"w","dtype":"F32","shape":[5,5],"shard":"shard-00000.safetensors",
+//        "offset":4096,"bytes":100,"crc32c":"0a1b2c3d"}
+//     ]
+//   }
+//
+// CRCs are 8 lowercase hex digits (Crc32cToHex): readable, and the same text
+// `crc32c`-style tools print. Tensors name their shard in JSON (readable);
+// in memory they hold its index. Every field is required; unknown fields are
+// refused (a newer writer bumps format_version).
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckptio/status.h"
+#include "format/dtype.h"
+#include "format/safetensors.h"
+
+namespace ckptio::format {
+
+inline constexpr int kManifestFormatVersion = 1;
+// A manifest lists ~100 bytes per tensor: 256 MiB is millions of tensors.
+inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
+// A shard holds at most one tensor over shard_size (<= kMaxTensorBytes) plus
+// its header, so twice the tensor limit bounds every honest shard.
+inline constexpr uint64_t kMaxShardBytes = uint64_t{1} << 51;
+
+struct ManifestShard {
+  std::string name;  // a plain file name in the checkpoint directory
+  uint64_t bytes = 0;  // the whole file
+  uint32_t crc32c = 0;  // of the whole file
+};
+
+struct ManifestTensor {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<uint64_t> shape;
+  uint32_t shard = 0;   // index into Manifest::shards
+  uint64_t offset = 0;  // absolute offset of the data in the shard file
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;  // of the tensor's bytes
+};
+
+struct Manifest {
+  int format_version = kManifestFormatVersion;
+  int64_t step = 0;
+  std::string created;  // RFC 3339 UTC, e.g. "2024-05-01T12:00:00Z"
+  std::string writer;   // e.g. "ckptio 0.1.0"
+  nlohmann::json metadata = nlohmann::json::object();  // the user's, an object
+  std::vector<ManifestTensor> tensors;
+  std::vector<ManifestShard> shards;
+};
+
+// The JSON text above. REQUIRES: shard indices valid (ValidateManifest passes);
+// strings valid UTF-8 (invalid bytes would be replaced by U+FFFD).
+std::string SerializeManifest(const Manifest& manifest);
+
+// Parses and validates untrusted manifest bytes (ValidateManifest included).
+// Errors are Corruption naming `file` and the field, shard or tensor.
+Result<Manifest> ParseManifest(std::string_view file, std::string_view bytes);
+
+// The checks ParseManifest makes beyond JSON types, as Corruption naming
+// `file`: names, duplicates, shard indices, sizes against shapes and limits,
+// tensors inside their shard and not overlapping, metadata nesting within
+// what the parser accepts. A writer should run it on a manifest before
+// committing it: a manifest that fails it would be refused by every reader.
+Status ValidateManifest(std::string_view file, const Manifest& manifest);
+
+// Checks that the parsed header of shard `shard_index` (a file of file_size
+// bytes) agrees with the manifest: same file size, same set of tensors with
+// the same dtypes, shapes and absolute offsets (data_start + begin).
+// Corruption naming the shard and the tensor; InvalidArgument if shard_index
+// is out of range.
+Status CheckShardMatchesManifest(const Manifest& manifest, size_t shard_index,
+                                 const SafetensorsHeader& header, uint64_t file_size);
+
+// "2024-05-01T12:00:00Z" for t (second precision, UTC).
+std::string FormatRfc3339Utc(std::chrono::system_clock::time_point t);
+
+// True iff s reads YYYY-MM-DDTHH:MM:SS[.fraction]Z with fields in range.
+bool IsRfc3339Utc(std::string_view s);
+
+}  // namespace ckptio::format

@@ -1,0 +1,484 @@
+// manifest.json: round trips, hostile manifests refused with messages naming
+// the file and the problem, and shard headers checked against the manifest.
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "format/manifest.h"
+
+namespace ckptio::format {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::string_view kFile = "ckpt/checkpoint_200/manifest.json";
+
+Manifest SampleManifest() {
+  Manifest m;
+  m.step = 200;
+  m.created = "2024-05-01T12:00:00Z";
+  m.writer = "ckptio 0.1.0";
+  m.metadata = {{"epoch", 3}, {"note", "line\nbreak"}, {"nested", {{"a", {1, 2}}}}};
+  m.shards = {{"shard-00000.safetensors", 4096 + 108, 0x11111111},
+              {"shard-00001.safetensors", 4096 + 64, 0x22222222}};
+  m.tensors = {{"params/w", DType::kF32, {5, 5}, 0, 4096, 100, 0xAAAAAAAA},
+               {"step", DType::kI64, {}, 0, 4196, 8, 0xBBBBBBBB},
+               {"params/b", DType::kBF16, {32}, 1, 4096, 64, 0x0000CCCC}};
+  return m;
+}
+
+json SampleJson() { return json::parse(SerializeManifest(SampleManifest())); }
+
+// The error message of parsing `text`, or "OK".
+std::string ErrorOf(std::string_view text) {
+  auto m = ParseManifest(kFile, text);
+  if (m.ok()) return "OK";
+  CHECK(m.status().code() == StatusCode::kCorruption);
+  return m.status().message();
+}
+
+std::string JsonErrorOf(const json& j) { return ErrorOf(std::string_view(j.dump())); }
+
+bool Contains(const std::string& text, std::string_view part) {
+  return text.find(part) != std::string::npos;
+}
+
+// ---- Round trips ----------------------------------------------------------
+
+TEST_CASE("a manifest round-trips through its json") {
+  const Manifest m = SampleManifest();
+  auto back = ParseManifest(kFile, SerializeManifest(m));
+  REQUIRE(back.ok());
+  CHECK(back->format_version == 1);
+  CHECK(back->step == 200);
+  CHECK(back->created == m.created);
+  CHECK(back->writer == m.writer);
+  CHECK(back->metadata == m.metadata);
+  REQUIRE(back->shards.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(back->shards[i].name == m.shards[i].name);
+    CHECK(back->shards[i].bytes == m.shards[i].bytes);
+    CHECK(back->shards[i].crc32c == m.shards[i].crc32c);
+  }
+  REQUIRE(back->tensors.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    CHECK(back->tensors[i].name == m.tensors[i].name);
+    CHECK(back->tensors[i].dtype == m.tensors[i].dtype);
+    CHECK(back->tensors[i].shape == m.tensors[i].shape);
+    CHECK(back->tensors[i].shard == m.tensors[i].shard);
+    CHECK(back->tensors[i].offset == m.tensors[i].offset);
+    CHECK(back->tensors[i].bytes == m.tensors[i].bytes);
+    CHECK(back->tensors[i].crc32c == m.tensors[i].crc32c);
+  }
+}
+
+TEST_CASE("the manifest json names shards by name and spells crcs as 8 hex digits") {
+  const json j = SampleJson();
+  CHECK(j["format_version"] == 1);
+  CHECK(j["tensors"][2]["shard"] == "shard-00001.safetensors");
+  CHECK(j["tensors"][2]["crc32c"] == "0000cccc");
+  CHECK(j["shards"][0]["crc32c"] == "11111111");
+  CHECK(j["tensors"][0]["dtype"] == "F32");
+  CHECK(j["tensors"][1]["shape"] == json::array());
+}
+
+TEST_CASE("the manifest text puts each shard and tensor on one line") {
+  const std::string text = SerializeManifest(SampleManifest());
+  CHECK(Contains(text, "\n  \"step\": 200,\n"));
+  CHECK(Contains(text, "\n    {\"bytes\":4204,\"crc32c\":\"11111111\",\"name\":\"shard-00000.safetensors\"}"));
+  CHECK(Contains(text, "\"name\":\"params/w\""));
+  CHECK(text.back() == '\n');
+}
+
+TEST_CASE("an empty manifest round-trips") {
+  Manifest m;
+  m.created = "1970-01-01T00:00:00Z";
+  auto back = ParseManifest(kFile, SerializeManifest(m));
+  REQUIRE(back.ok());
+  CHECK(back->tensors.empty());
+  CHECK(back->shards.empty());
+  CHECK(back->metadata == json::object());
+}
+
+TEST_CASE("a manifest built for a writer passes the reader's validation") {
+  CHECK(ValidateManifest(kFile, SampleManifest()).ok());
+}
+
+// `levels` arrays nested in one another.
+json Nested(int levels) {
+  json j = json::array();
+  for (int i = 1; i < levels; ++i) j = json::array({j});
+  return j;
+}
+
+TEST_CASE("metadata nested as deep as the parser allows round-trips") {
+  Manifest m = SampleManifest();
+  m.metadata = {{"deep", Nested(62)}};  // the innermost array is 62 levels below metadata
+  REQUIRE(ValidateManifest(kFile, m).ok());
+  auto back = ParseManifest(kFile, SerializeManifest(m));
+  REQUIRE(back.ok());
+  CHECK(back->metadata == m.metadata);
+}
+
+TEST_CASE("metadata nested deeper than the parser allows fails validation before it is written") {
+  Manifest m = SampleManifest();
+  m.metadata = {{"deep", Nested(63)}};
+  CHECK(ValidateManifest(kFile, m).message() ==
+        "ckpt/checkpoint_200/manifest.json: metadata nests deeper than 62 levels");
+  CHECK(ErrorOf(SerializeManifest(m)) ==
+        "ckpt/checkpoint_200/manifest.json: manifest nests deeper than 64 levels");
+}
+
+// ---- Hostile manifests ----------------------------------------------------
+
+TEST_CASE("a manifest that is not json or not an object is refused") {
+  CHECK(Contains(ErrorOf("{\"step\": }"), "ckpt/checkpoint_200/manifest.json: manifest is not valid JSON"));
+  CHECK(ErrorOf("[]") == "ckpt/checkpoint_200/manifest.json: manifest is not a JSON object");
+  CHECK(Contains(ErrorOf(""), "manifest is not valid JSON"));
+}
+
+TEST_CASE("a manifest over the size limit is refused before parsing") {
+  const std::string huge(kMaxManifestBytes + 1, ' ');
+  CHECK(ErrorOf(huge) == "ckpt/checkpoint_200/manifest.json: manifest of 268435457 bytes exceeds the "
+                         "256 MiB limit");
+}
+
+TEST_CASE("an unsupported format version is refused before other fields") {
+  json j = SampleJson();
+  j["format_version"] = 2;
+  j["new_field"] = true;
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: unsupported format_version 2 (this reader knows 1)");
+  j["format_version"] = "1";
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: field \"format_version\" must be a 64-bit integer");
+}
+
+TEST_CASE("a missing top-level field is refused naming it") {
+  json j = SampleJson();
+  j.erase("step");
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: missing field \"step\"");
+}
+
+TEST_CASE("an unknown top-level field is refused") {
+  json j = SampleJson();
+  j["extra"] = 1;
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: unknown field \"extra\"");
+}
+
+TEST_CASE("wrongly typed top-level fields are refused naming them") {
+  json j = SampleJson();
+  j["step"] = "200";
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: field \"step\" must be a 64-bit integer");
+  j = SampleJson();
+  j["shards"] = json::object();
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: field \"shards\" must be an array");
+  j = SampleJson();
+  j["metadata"] = json::array();
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: field \"metadata\" must be an object");
+}
+
+TEST_CASE("a negative step is refused") {
+  json j = SampleJson();
+  j["step"] = -1;
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: step -1 is negative");
+}
+
+TEST_CASE("a created time that is not rfc 3339 utc is refused") {
+  json j = SampleJson();
+  j["created"] = "2024-05-01 12:00:00";
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: created \"2024-05-01 12:00:00\" is not an "
+                      "RFC 3339 UTC time");
+}
+
+TEST_CASE("a key repeated in the manifest json is refused") {
+  std::string text = SerializeManifest(SampleManifest());
+  text.insert(1, "\"step\": 100,");
+  CHECK(ErrorOf(text) == "ckpt/checkpoint_200/manifest.json: manifest has the key \"step\" twice in one object");
+}
+
+TEST_CASE("a shard entry missing a field or with a bad crc is refused naming the shard") {
+  json j = SampleJson();
+  j["shards"][1].erase("bytes");
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: shard \"shard-00001.safetensors\": missing field \"bytes\"");
+  j = SampleJson();
+  j["shards"][0]["crc32c"] = "xyz";
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: shard \"shard-00000.safetensors\": CRC32C \"xyz\" is "
+                      "not 8 hex digits");
+  j = SampleJson();
+  j["shards"][0]["crc32c"] = 12345;
+  CHECK(Contains(JsonErrorOf(j), "field \"crc32c\" must be a string"));
+}
+
+TEST_CASE("an entry without a name is refused naming its position") {
+  json j = SampleJson();
+  j["tensors"][1].erase("name");
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensors[1]: missing field \"name\"");
+  j = SampleJson();
+  j["shards"][0] = 7;
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: shards[0] is not a JSON object");
+}
+
+TEST_CASE("shard names that are not plain file names are refused") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"../x", "shard name \"../x\" is not a plain file name (only A-Z a-z 0-9 . _ - allowed)"},
+      {"a/b", "shard name \"a/b\" is not a plain file name (only A-Z a-z 0-9 . _ - allowed)"},
+      {".", "shard name \".\" is not a plain file name"},
+      {"..", "shard name \"..\" is not a plain file name"},
+      {"", "shard name is empty"},
+      {std::string(256, 'a'), "is longer than 255 characters"},
+      {"shard 1", "is not a plain file name"},
+  };
+  for (const auto& [name, problem] : cases) {
+    CAPTURE(name);
+    json j = SampleJson();
+    j["shards"][1]["name"] = name;
+    j["tensors"][2]["shard"] = name;
+    const std::string error = JsonErrorOf(j);
+    CHECK(error.starts_with("ckpt/checkpoint_200/manifest.json: "));
+    CHECK(Contains(error, problem));
+  }
+}
+
+TEST_CASE("a shard name of 255 characters is allowed") {
+  json j = SampleJson();
+  j["shards"][1]["name"] = std::string(255, 'a');
+  j["tensors"][2]["shard"] = std::string(255, 'a');
+  CHECK(JsonErrorOf(j) == "OK");
+}
+
+TEST_CASE("a shard listed twice is refused") {
+  json j = SampleJson();
+  j["shards"][1]["name"] = "shard-00000.safetensors";
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: shard \"shard-00000.safetensors\" is listed twice");
+}
+
+TEST_CASE("a tensor listed twice is refused") {
+  json j = SampleJson();
+  j["tensors"][2]["name"] = "params/w";
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"params/w\" is listed twice");
+}
+
+TEST_CASE("hostile tensor names are refused") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "tensor name is empty"},
+      {"/abs", "tensor name \"/abs\" is an absolute path"},
+      {"a/../b", "tensor name \"a/../b\" contains a \"..\" path component"},
+      {std::string("a\0b", 3), "tensor name \"a\\u0000b\" contains a NUL byte"},
+  };
+  for (const auto& [name, problem] : cases) {
+    json j = SampleJson();
+    j["tensors"][0]["name"] = name;
+    CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: " + problem);
+  }
+}
+
+TEST_CASE("a tensor naming a shard the manifest does not list is refused") {
+  json j = SampleJson();
+  j["tensors"][0]["shard"] = "shard-00009.safetensors";
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"params/w\": names shard "
+                      "\"shard-00009.safetensors\", which the manifest does not list");
+}
+
+TEST_CASE("a tensor with an unknown field or dtype is refused naming it") {
+  json j = SampleJson();
+  j["tensors"][0]["strides"] = json::array({5, 1});
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"params/w\": unknown field \"strides\"");
+  j = SampleJson();
+  j["tensors"][0]["dtype"] = "F128";
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"params/w\": unknown dtype \"F128\"");
+}
+
+TEST_CASE("a tensor running past the end of its shard is refused") {
+  json j = SampleJson();
+  j["tensors"][0]["offset"] = 4105;  // 4105 + 100 > 4204
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"params/w\": offset 4105 + 100 bytes "
+                      "runs past the end of shard \"shard-00000.safetensors\" (4204 bytes)");
+}
+
+TEST_CASE("an offset that would overflow when added to the size is refused") {
+  json j = SampleJson();
+  j["tensors"][0]["offset"] = UINT64_MAX - 50;  // offset + 100 wraps to 49
+  CHECK(Contains(JsonErrorOf(j), "runs past the end of shard"));
+}
+
+TEST_CASE("tensors overlapping in a shard are refused") {
+  json j = SampleJson();
+  j["tensors"][1]["offset"] = 4190;  // inside params/w [4096, 4196)
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensors \"params/w\" and \"step\" overlap in "
+                      "shard \"shard-00000.safetensors\"");
+}
+
+TEST_CASE("tensors at the same offset in different shards do not overlap") {
+  json j = SampleJson();
+  CHECK(j["tensors"][0]["offset"] == j["tensors"][2]["offset"]);
+  CHECK(JsonErrorOf(j) == "OK");
+}
+
+TEST_CASE("a zero-byte tensor inside another one is not an overlap") {
+  json j = SampleJson();
+  j["tensors"][1]["shape"] = json::array({0});
+  j["tensors"][1]["bytes"] = 0;
+  j["tensors"][1]["offset"] = 4100;
+  CHECK(JsonErrorOf(j) == "OK");
+}
+
+TEST_CASE("bytes that disagree with shape times dtype size are refused") {
+  json j = SampleJson();
+  j["tensors"][0]["bytes"] = 99;
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"params/w\": bytes 99 do not match "
+                      "shape [5, 5] x F32 = 100 bytes");
+}
+
+TEST_CASE("huge shapes and shards are refused") {
+  json j = SampleJson();
+  j["tensors"][0]["shape"] = json::array({uint64_t{1} << 40, uint64_t{1} << 40});
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"params/w\": shape [1099511627776, "
+                      "1099511627776] x F32 exceeds the 1 PiB (2^50 bytes) tensor limit");
+  j = SampleJson();
+  j["shards"][0]["bytes"] = (uint64_t{1} << 51) + 1;
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: shard \"shard-00000.safetensors\": "
+                      "2251799813685249 bytes exceeds the 2 PiB (2^51 bytes) shard limit");
+}
+
+TEST_CASE("a negative size is refused as a wrong type") {
+  json j = SampleJson();
+  j["tensors"][0]["offset"] = -4096;
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"params/w\": field \"offset\" must be an "
+                      "unsigned integer");
+}
+
+TEST_CASE("every truncation of a valid manifest is refused") {
+  const std::string text = SerializeManifest(SampleManifest());
+  for (size_t n = 0; n + 1 < text.size(); ++n) {  // the last byte is a newline
+    CAPTURE(n);
+    const std::string cut = text.substr(0, n);  // own allocation: ASan sees over-reads
+    auto m = ParseManifest(kFile, cut);
+    REQUIRE_FALSE(m.ok());
+    CHECK(m.status().message().starts_with("ckpt/checkpoint_200/manifest.json: "));
+  }
+}
+
+TEST_CASE("validation refuses a tensor whose shard index is out of range") {
+  Manifest m = SampleManifest();
+  m.tensors[0].shard = 7;
+  const Status s = ValidateManifest(kFile, m);
+  CHECK(s.code() == StatusCode::kCorruption);
+  CHECK(s.message() == "ckpt/checkpoint_200/manifest.json: tensor \"params/w\": shard index 7 is out of "
+                       "range (2 shards)");
+}
+
+// ---- Shard headers against the manifest -----------------------------------
+
+struct PlannedCheckpoint {
+  std::vector<TensorSpec> specs;
+  std::vector<PlannedShard> shards;
+  Manifest manifest;
+};
+
+// A manifest for a real plan, as the save pipeline would write it.
+PlannedCheckpoint MakePlanned() {
+  PlannedCheckpoint p;
+  p.specs = {{"w", DType::kF32, {5, 5}, 100}, {"b", DType::kF16, {10}, 20}, {"big", DType::kU8, {300}, 300}};
+  p.shards = PlanShards(p.specs, 200, 4096).value();
+  p.manifest.created = "2024-05-01T12:00:00Z";
+  for (size_t s = 0; s < p.shards.size(); ++s) {
+    p.manifest.shards.push_back({p.shards[s].name, p.shards[s].file_size, 0});
+    for (const PlannedTensor& t : p.shards[s].tensors) {
+      const TensorSpec& spec = p.specs[t.index];
+      p.manifest.tensors.push_back(
+          {spec.name, spec.dtype, spec.shape, static_cast<uint32_t>(s), t.offset, t.bytes, 0});
+    }
+  }
+  return p;
+}
+
+SafetensorsHeader HeaderOf(const PlannedShard& shard) {
+  const std::vector<uint8_t> json(shard.prefix.begin() + 8, shard.prefix.end());
+  return ParseSafetensorsHeader(shard.name, json, shard.file_size).value();
+}
+
+TEST_CASE("planned shards match the manifest written for them") {
+  const PlannedCheckpoint p = MakePlanned();
+  REQUIRE(p.shards.size() == 2);
+  REQUIRE(ValidateManifest(kFile, p.manifest).ok());
+  for (size_t s = 0; s < p.shards.size(); ++s) {
+    CHECK(CheckShardMatchesManifest(p.manifest, s, HeaderOf(p.shards[s]), p.shards[s].file_size).ok());
+  }
+}
+
+TEST_CASE("a shard file of another size than the manifest says is refused") {
+  const PlannedCheckpoint p = MakePlanned();
+  const Status s = CheckShardMatchesManifest(p.manifest, 0, HeaderOf(p.shards[0]), p.shards[0].file_size - 1);
+  CHECK(s.code() == StatusCode::kCorruption);
+  CHECK(s.message() == "shard-00000.safetensors: file is 4215 bytes, the manifest says 4216");
+}
+
+TEST_CASE("a shard header with another dtype or shape than the manifest is refused") {
+  PlannedCheckpoint p = MakePlanned();
+  p.manifest.tensors[1].dtype = DType::kBF16;
+  CHECK(CheckShardMatchesManifest(p.manifest, 0, HeaderOf(p.shards[0]), p.shards[0].file_size).message() ==
+        "shard-00000.safetensors: tensor \"b\": dtype F16 in the shard header, BF16 in the manifest");
+  p = MakePlanned();
+  p.manifest.tensors[0].shape = {25};
+  CHECK(CheckShardMatchesManifest(p.manifest, 0, HeaderOf(p.shards[0]), p.shards[0].file_size).message() ==
+        "shard-00000.safetensors: tensor \"w\": shape [5, 5] in the shard header, [25] in the manifest");
+}
+
+TEST_CASE("a shard header placing a tensor elsewhere than the manifest is refused") {
+  PlannedCheckpoint p = MakePlanned();
+  p.manifest.tensors[1].offset += 4;
+  CHECK(CheckShardMatchesManifest(p.manifest, 0, HeaderOf(p.shards[0]), p.shards[0].file_size).message() ==
+        "shard-00000.safetensors: tensor \"b\": data at offset 4200 (20 bytes) in the manifest, "
+        "data_offsets [100, 120] after the header's 4096 bytes in the shard");
+}
+
+TEST_CASE("a tensor the manifest places in a shard whose header lacks it is refused") {
+  PlannedCheckpoint p = MakePlanned();
+  p.manifest.tensors[0].name = "renamed";
+  CHECK(CheckShardMatchesManifest(p.manifest, 0, HeaderOf(p.shards[0]), p.shards[0].file_size).message() ==
+        "shard-00000.safetensors: tensor \"renamed\" is in the manifest but not in the shard header");
+}
+
+TEST_CASE("a tensor in a shard header but not in the manifest is refused") {
+  PlannedCheckpoint p = MakePlanned();
+  p.manifest.tensors.erase(p.manifest.tensors.begin() + 1);
+  CHECK(CheckShardMatchesManifest(p.manifest, 0, HeaderOf(p.shards[0]), p.shards[0].file_size).message() ==
+        "shard-00000.safetensors: tensor \"b\" is in the shard header but not in the manifest");
+}
+
+TEST_CASE("checking a shard index the manifest does not have is an invalid argument") {
+  const PlannedCheckpoint p = MakePlanned();
+  const Status s = CheckShardMatchesManifest(p.manifest, 5, HeaderOf(p.shards[0]), p.shards[0].file_size);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK(s.message() == "shard index 5 is out of range (2 shards)");
+}
+
+// ---- Times ----------------------------------------------------------------
+
+TEST_CASE("times format as rfc 3339 utc with second precision") {
+  using std::chrono::system_clock;
+  CHECK(FormatRfc3339Utc(system_clock::time_point{}) == "1970-01-01T00:00:00Z");
+  CHECK(FormatRfc3339Utc(system_clock::from_time_t(1714564800) + std::chrono::milliseconds(999)) ==
+        "2024-05-01T12:00:00Z");
+}
+
+TEST_CASE("rfc 3339 utc times are recognised and others are not") {
+  CHECK(IsRfc3339Utc("2024-05-01T12:00:00Z"));
+  CHECK(IsRfc3339Utc("2024-05-01T12:00:00.123456Z"));
+  CHECK(IsRfc3339Utc("2016-12-31T23:59:60Z"));  // a leap second
+  for (std::string_view bad : {"", "2024-05-01T12:00:00", "2024-05-01T12:00:00+01:00", "2024-13-01T12:00:00Z",
+                               "2024-05-00T12:00:00Z", "2024-05-01T24:00:00Z", "2024-05-01t12:00:00Z",
+                               "2024-05-01T12:00:00.Z", "2024-5-01T12:00:00Z"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(IsRfc3339Utc(bad));
+  }
+}
+
+}  // namespace
+}  // namespace ckptio::format
