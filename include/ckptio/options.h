@@ -1,0 +1,109 @@
+#pragma once
+// Options: every knob that tunes ckptio, with its default.
+//
+// A plain struct on purpose: C++ callers fill it in code, and the config layer
+// (src/config/) fills it from a JSON file. Each field's default lives here and
+// only here; the config layer reads defaults from a default-constructed
+// Options, so `ckptio config defaults` cannot disagree with this header.
+// Validate options built in code with ckptio::config::ValidateOptions().
+// The config file uses the member names below as keys, nested the same way
+// ({"io": {"block_size": "4MiB"}}).
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace ckptio {
+
+enum class SnapshotMode {
+  kCopy,    // copy tensors into staging; the caller may mutate them once save() returns
+  kBorrow,  // no copy: the caller promises its buffers stay unchanged until the save ends
+};
+
+enum class OnBusy {
+  kWait,  // a save that does not fit in free staging waits for room (backpressure)
+  kSkip,  // such a save is dropped and reported as ResourceExhausted
+};
+
+struct Options {
+  // Bytes of pinned staging memory, allocated once and reused by every save.
+  uint64_t staging_memory = uint64_t{2} << 30;  // 2 GiB
+  // Max bytes of tensor data per shard file (a larger tensor gets a shard of its own).
+  uint64_t shard_size = uint64_t{256} << 20;  // 256 MiB
+  SnapshotMode snapshot = SnapshotMode::kCopy;
+  OnBusy on_busy = OnBusy::kWait;
+  // Saves running in the background at once.
+  int max_in_flight = 2;
+  // Committed checkpoints to keep; 0 keeps all.
+  int keep = 3;
+  // Every K-th step is kept forever, whatever `keep` says; 0 = off.
+  int64_t keep_every = 0;
+  // Directory / object name prefix of a step ("checkpoint_" + "200").
+  std::string prefix = "checkpoint_";
+  // Replace a committed checkpoint of the same step instead of failing.
+  bool overwrite = false;
+  // CPU pool workers; 0 = one per core.
+  int threads = 0;
+
+  struct Io {
+    enum class Direct { kAuto, kOn, kOff };
+    // Bytes per write request; a multiple of 4096 so O_DIRECT writes stay aligned.
+    uint64_t block_size = uint64_t{4} << 20;  // 4 MiB
+    // Writes in flight per file.
+    int queue_depth = 8;
+    // O_DIRECT: kAuto tries it and falls back to buffered I/O where refused.
+    Direct direct = Direct::kAuto;
+    // Register staging buffers with io_uring (fixed buffers).
+    bool register_buffers = true;
+    friend bool operator==(const Io&, const Io&) = default;
+  } io;
+
+  struct Trace {
+    // Chrome trace-event JSON written here; empty = tracing off.
+    std::string path;
+    friend bool operator==(const Trace&, const Trace&) = default;
+  } trace;
+
+  struct Gcs {
+    // Empty = $STORAGE_EMULATOR_HOST if set, else https://storage.googleapis.com.
+    std::string endpoint;
+    // Resumable upload chunk; GCS requires a multiple of 256 KiB.
+    uint64_t chunk_size = uint64_t{16} << 20;  // 16 MiB
+    // HTTP connections in the pool shared by all uploads.
+    int connections = 16;
+    struct Retry {
+      int max_attempts = 6;  // including the first; 1 = no retry
+      std::chrono::milliseconds initial_backoff{200};
+      std::chrono::milliseconds max_backoff{10000};
+      std::chrono::milliseconds deadline{300000};  // for one object, all attempts together
+      friend bool operator==(const Retry&, const Retry&) = default;
+    } retry;
+    struct Timeouts {
+      std::chrono::milliseconds connect{10000};
+      // Abort a transfer that moves no bytes for this long.
+      std::chrono::milliseconds stall{60000};
+      friend bool operator==(const Timeouts&, const Timeouts&) = default;
+    } timeouts;
+    // Extra headers on every request (e.g. for a proxy). Values of
+    // secret-looking headers (Authorization, ...) are redacted when printed.
+    std::map<std::string, std::string> headers;
+    // Bill requests to this project (requester-pays buckets); empty = none.
+    std::string user_project;
+    // "1.1" or "2".
+    std::string http_version = "1.1";
+    friend bool operator==(const Gcs&, const Gcs&) = default;
+  } gcs;
+
+  struct Preemption {
+    // Save and exit on SIGTERM (as preemptible VMs receive before shutdown).
+    bool on_sigterm = false;
+    // Time the final save may take after SIGTERM.
+    std::chrono::milliseconds grace{30000};
+    friend bool operator==(const Preemption&, const Preemption&) = default;
+  } preemption;
+
+  friend bool operator==(const Options&, const Options&) = default;
+};
+
+}  // namespace ckptio
