@@ -83,16 +83,6 @@ void Check(const Status& s, const char* what) {
   }
 }
 
-// Result of one write phase.
-struct Rate {
-  double seconds = 0;
-  double cpu = 0;
-  double bytes = 0;
-  double gbps() const { return bytes / seconds / 1e9; }
-  double cpu_per_gib() const { return cpu / (bytes / double(1 << 30)); }
-  double core_fraction() const { return cpu / seconds; }
-};
-
 Task<Status> OpenCreate(Loop& loop, std::string path, int flags, File* out) {
   CO_ASSIGN_OR_RETURN(*out, co_await loop.OpenAt(AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | flags));
   co_return Status::Ok();
@@ -111,27 +101,6 @@ Task<Status> DirectWrite(Loop& loop, std::string path, const char* buf, size_t l
   rate->cpu = p.cpu();
   rate->bytes = static_cast<double>(len);
   co_return co_await loop.Close(f);
-}
-
-Rate FioWrite(const std::string& path, size_t len, size_t block, int depth) {
-  std::string cmd = "fio --name=w --filename=" + path + " --ioengine=io_uring --direct=1 --rw=write" +
-                    " --bs=" + std::to_string(block) + " --iodepth=" + std::to_string(depth) +
-                    " --size=" + std::to_string(len) +
-                    " --fallocate=native --end_fsync=1 --output-format=json 2>/dev/null";
-  std::string out = RunCommand(cmd);
-  Rate r;
-  try {
-    auto j = nlohmann::json::parse(out.substr(out.find('{')));
-    const auto& job = j["jobs"][0];
-    double runtime_s = job["job_runtime"].get<double>() / 1000.0;
-    r.bytes = job["write"]["io_bytes"].get<double>();
-    r.seconds = job["write"]["runtime"].get<double>() / 1000.0;
-    r.cpu = (job["usr_cpu"].get<double>() + job["sys_cpu"].get<double>()) / 100.0 * runtime_s;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "could not run or parse fio (%s): %s\n", e.what(), cmd.c_str());
-  }
-  ::unlink(path.c_str());
-  return r;
 }
 
 Rate Median(std::vector<Rate> v) {

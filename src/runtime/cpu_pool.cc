@@ -27,11 +27,14 @@ CpuPool::~CpuPool() {
   for (auto& t : workers_) t.join();
 }
 
-void CpuPool::Enqueue(Job* job) {
+void CpuPool::Enqueue(Job* job, bool urgent) {
   job->next = nullptr;
   {
     std::lock_guard lock(mu_);
-    if (tail_ != nullptr) {
+    if (urgent && head_ != nullptr) {
+      job->next = head_;
+      head_ = job;
+    } else if (tail_ != nullptr) {
       tail_->next = job;
     } else {
       head_ = job;
@@ -56,7 +59,7 @@ void CpuPool::WorkerMain() {
   }
 }
 
-void CpuPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
+void CpuPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn, size_t max_helpers) {
   if (n == 0) return;
   std::atomic<size_t> next{0};
   auto drain = [&] {
@@ -67,7 +70,7 @@ void CpuPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
   };
   // Helpers on the workers; the caller works too, so this makes progress even
   // when every worker is busy with something else.
-  const size_t helpers = std::min(n - 1, workers_.size());
+  const size_t helpers = std::min({n - 1, workers_.size(), max_helpers});
   struct Helper : Job {
     decltype(drain)* work;
     std::latch* done;
@@ -82,7 +85,7 @@ void CpuPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
       (*self->work)();
       self->done->count_down();
     };
-    Enqueue(&h);
+    Enqueue(&h, /*urgent=*/true);
   }
   drain();
   done.wait();

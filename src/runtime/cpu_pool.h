@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <coroutine>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -43,8 +44,10 @@ class CpuPool {
 
   size_t size() const { return workers_.size(); }
 
-  // Thread-safe. The job runs on a worker; the caller keeps it alive until then.
-  void Enqueue(Job* job);
+  // Thread-safe. The job runs on a worker; the caller keeps it alive until
+  // then. An urgent job goes to the front of the queue (a trainer waiting on
+  // a snapshot comes before background checksums).
+  void Enqueue(Job* job, bool urgent = false);
 
   template <typename F>
   class RunAwaiter;
@@ -56,9 +59,10 @@ class CpuPool {
     return RunAwaiter<std::decay_t<F>>(this, std::forward<F>(fn));
   }
 
-  // Runs fn(i) for every i in [0, n) on up to size() workers plus the calling
-  // thread, and returns when all calls have returned. fn must not throw.
-  void ParallelFor(size_t n, const std::function<void(size_t)>& fn);
+  // Runs fn(i) for every i in [0, n) on up to max_helpers workers (default:
+  // all) plus the calling thread, and returns when all calls have returned.
+  // Its jobs are urgent. fn must not throw.
+  void ParallelFor(size_t n, const std::function<void(size_t)>& fn, size_t max_helpers = SIZE_MAX);
 
  private:
   void WorkerMain();

@@ -141,6 +141,11 @@ Loop::~Loop() {
   io_uring_queue_exit(&ring_);
   // Nodes posted after the loop stopped are dropped, not run: running them
   // would resume coroutines on a loop that no longer exists.
+  while (post_head_ != nullptr) {
+    PostNode* n = post_head_;
+    post_head_ = n->next;
+    if (n->discard != nullptr) n->discard(n);
+  }
 }
 
 io_uring_sqe* Loop::GetSqe() {
@@ -286,6 +291,7 @@ void Loop::Post(std::function<void()> fn) {
     std::unique_ptr<FnNode> self(static_cast<FnNode*>(n));
     self->fn();
   };
+  node->discard = [](PostNode* n) { delete static_cast<FnNode*>(n); };
   Post(static_cast<PostNode*>(node));
 }
 

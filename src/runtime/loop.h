@@ -46,9 +46,12 @@ struct IoOp {
 };
 
 // Work posted to the loop from any thread. Intrusive: the poster keeps the
-// node alive until run(node) has been called on the loop thread.
+// node alive until run(node) has been called on the loop thread. A node still
+// queued when the loop is destroyed is not run; `discard`, if set, is called
+// instead (to free it).
 struct PostNode {
   void (*run)(PostNode* self) = nullptr;
+  void (*discard)(PostNode* self) = nullptr;
   PostNode* next = nullptr;
 };
 

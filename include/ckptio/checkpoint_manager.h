@@ -1,0 +1,157 @@
+#pragma once
+// CheckpointManager: asynchronous, atomic, pruned checkpoints of a trainer's state.
+//
+//   auto mgr = ckptio::CheckpointManager::Open("/data/ckpt", options).value();
+//   auto h = mgr->Save(step, tensors);   // returns once the snapshot is taken
+//   ...train on; mutate the tensors freely (copy mode)...
+//   mgr->WaitUntilFinished();            // before exit
+//   auto ckpt = mgr->Restore();          // the latest committed step
+//
+// Save() costs the caller only the snapshot: a copy of the tensors into
+// reused, pre-faulted staging memory (split across the CPU pool, CRC32C in the
+// background). Writing the shards, the commit (fsync, rename, fsync of the
+// parent) and pruning happen on the manager's io_uring loop thread.
+// A checkpoint exists iff its manifest does; prune never touches a save in
+// flight and never leaves fewer than `keep` committed checkpoints.
+//
+// Thread-safety: every method may be called from any thread. Saves are
+// committed in the order Save() admitted them.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ckptio/options.h"
+#include "ckptio/status.h"
+#include "ckptio/tensor.h"
+
+namespace ckptio {
+
+namespace pipeline {
+class ManagerImpl;
+struct SaveState;
+}  // namespace pipeline
+
+// Reports progress of a long read: bytes done so far, of total. Called on
+// ckptio's loop thread; keep it quick.
+using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+
+struct SaveTimings {
+  double snapshot_seconds = 0;  // the time Save() blocked the caller
+  double persist_seconds = 0;   // from the snapshot to the durable commit
+  uint64_t bytes = 0;           // bytes of the checkpoint (all shards)
+};
+
+// The caller's view of one save. Copyable; all copies share the state.
+class SaveHandle {
+ public:
+  SaveHandle() = default;
+  explicit SaveHandle(std::shared_ptr<pipeline::SaveState> state) : state_(std::move(state)) {}
+
+  int64_t step() const;
+  // True if the save was dropped because staging was full (on_busy: skip).
+  bool skipped() const;
+  // Returns once the snapshot is taken (it already is when Save() returns;
+  // kept so callers can write code that does not depend on that).
+  Status WaitSnapshot() const;
+  // Blocks until the save has ended; returns its final status (OK once the
+  // checkpoint is committed durably).
+  Status Wait() const;
+  bool done() const;
+  // The final status, or nullopt while the save is running.
+  std::optional<Status> status() const;
+  SaveTimings timings() const;
+  // Bytes of the checkpoint written so far (of timings().bytes).
+  uint64_t bytes_written() const;
+
+ private:
+  std::shared_ptr<pipeline::SaveState> state_;
+};
+
+struct RestoredCheckpoint {
+  int64_t step = 0;
+  std::string metadata_json;  // the user metadata given to Save()
+  std::vector<Tensor> tensors;  // in saved order
+};
+
+struct CheckpointInfo {
+  int64_t step = 0;
+  std::string created;  // RFC 3339, UTC
+  uint64_t bytes = 0;   // all shards
+  size_t tensors = 0;
+  size_t shards = 0;
+  std::string metadata_json;
+};
+
+struct VerifyReport {
+  int64_t step = 0;
+  uint64_t bytes_read = 0;
+  size_t tensors = 0;
+  size_t shards = 0;
+};
+
+struct ManagerStats {
+  uint64_t saves_committed = 0;
+  uint64_t saves_failed = 0;
+  uint64_t saves_skipped = 0;
+  uint64_t bytes_committed = 0;
+  uint64_t checkpoints_pruned = 0;
+};
+
+class CheckpointManager {
+ public:
+  // Opens (creating it if needed) the checkpoint root: a directory path or a
+  // file:// URL. Removes debris of saves that never committed, then allocates
+  // and pre-faults the staging memory in the background.
+  static Result<std::unique_ptr<CheckpointManager>> Open(std::string root, Options options = {});
+  // Waits for every save in flight, then stops the loop.
+  ~CheckpointManager();
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  // Snapshots `tensors` and commits them as checkpoint `step` in the
+  // background. Returns after the snapshot. Errors: invalid tensors, a step
+  // already committed (unless overwrite) or in flight, a state larger than
+  // staging memory, or the failure of an earlier background save, which is
+  // returned here once (the new save is then not started).
+  // `metadata_json` must be a JSON object; it is stored in the manifest.
+  Result<SaveHandle> Save(int64_t step, std::span<const TensorRef> tensors,
+                          std::string metadata_json = "{}");
+
+  // Blocks until no save is in flight. Returns the first background failure
+  // not yet reported, if any.
+  Status WaitUntilFinished();
+
+  // Reads checkpoint `step` (latest committed if nullopt), verifying every
+  // length, offset and CRC32C.
+  Result<RestoredCheckpoint> Restore(std::optional<int64_t> step = std::nullopt, ProgressFn progress = {});
+  // Reads the named tensors into caller buffers (dtype and shape must match
+  // the checkpoint). Returns the step read.
+  Result<int64_t> RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors);
+
+  // Committed steps, ascending.
+  std::vector<int64_t> AllSteps() const;
+  std::optional<int64_t> LatestStep() const;
+  Result<CheckpointInfo> Info(int64_t step);
+  // Re-reads every byte of a checkpoint and checks every CRC32C and header.
+  Result<VerifyReport> Verify(std::optional<int64_t> step = std::nullopt, ProgressFn progress = {});
+  // Deletes a committed checkpoint (its manifest first).
+  Status Delete(int64_t step);
+  // Applies the keep policy now (it also runs after every commit).
+  Status Prune();
+
+  const Options& options() const;
+  // "/data/ckpt" or "gs://bucket/prefix".
+  const std::string& root() const;
+  ManagerStats stats() const;
+
+ private:
+  explicit CheckpointManager(std::unique_ptr<pipeline::ManagerImpl> impl);
+  std::unique_ptr<pipeline::ManagerImpl> impl_;
+};
+
+}  // namespace ckptio

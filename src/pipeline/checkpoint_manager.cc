@@ -1,0 +1,82 @@
+// The public CheckpointManager and SaveHandle: thin forwards to ManagerImpl
+// and SaveState.
+
+#include "ckptio/checkpoint_manager.h"
+
+#include "pipeline/manager_impl.h"
+
+namespace ckptio {
+
+using pipeline::SaveState;
+
+int64_t SaveHandle::step() const { return state_ ? state_->step : -1; }
+bool SaveHandle::skipped() const { return state_ && state_->skipped; }
+
+Status SaveHandle::WaitSnapshot() const {
+  if (!state_) return FailedPreconditionError("empty SaveHandle");
+  if (state_->skipped) return Wait();
+  return Status::Ok();
+}
+
+Status SaveHandle::Wait() const {
+  if (!state_) return FailedPreconditionError("empty SaveHandle");
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [this] { return state_->done; });
+  return state_->status;
+}
+
+bool SaveHandle::done() const {
+  if (!state_) return true;
+  std::lock_guard lock(state_->mu);
+  return state_->done;
+}
+
+std::optional<Status> SaveHandle::status() const {
+  if (!state_) return FailedPreconditionError("empty SaveHandle");
+  std::lock_guard lock(state_->mu);
+  if (!state_->done) return std::nullopt;
+  return state_->status;
+}
+
+uint64_t SaveHandle::bytes_written() const {
+  return state_ ? state_->bytes_written.load(std::memory_order_relaxed) : 0;
+}
+
+SaveTimings SaveHandle::timings() const {
+  if (!state_) return {};
+  std::lock_guard lock(state_->mu);
+  return state_->timings;
+}
+
+Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(std::string root, Options options) {
+  ASSIGN_OR_RETURN(auto impl, pipeline::ManagerImpl::Open(std::move(root), std::move(options)));
+  return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
+}
+
+CheckpointManager::CheckpointManager(std::unique_ptr<pipeline::ManagerImpl> impl) : impl_(std::move(impl)) {}
+CheckpointManager::~CheckpointManager() = default;
+
+Result<SaveHandle> CheckpointManager::Save(int64_t step, std::span<const TensorRef> tensors,
+                                           std::string metadata_json) {
+  return impl_->Save(step, tensors, std::move(metadata_json));
+}
+Status CheckpointManager::WaitUntilFinished() { return impl_->WaitUntilFinished(); }
+Result<RestoredCheckpoint> CheckpointManager::Restore(std::optional<int64_t> step, ProgressFn progress) {
+  return impl_->Restore(step, std::move(progress));
+}
+Result<int64_t> CheckpointManager::RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors) {
+  return impl_->RestoreInto(step, tensors);
+}
+std::vector<int64_t> CheckpointManager::AllSteps() const { return impl_->AllSteps(); }
+std::optional<int64_t> CheckpointManager::LatestStep() const { return impl_->LatestStep(); }
+Result<CheckpointInfo> CheckpointManager::Info(int64_t step) { return impl_->Info(step); }
+Result<VerifyReport> CheckpointManager::Verify(std::optional<int64_t> step, ProgressFn progress) {
+  return impl_->Verify(step, std::move(progress));
+}
+Status CheckpointManager::Delete(int64_t step) { return impl_->Delete(step); }
+Status CheckpointManager::Prune() { return impl_->Prune(); }
+const Options& CheckpointManager::options() const { return impl_->options(); }
+const std::string& CheckpointManager::root() const { return impl_->root(); }
+ManagerStats CheckpointManager::stats() const { return impl_->stats(); }
+
+}  // namespace ckptio

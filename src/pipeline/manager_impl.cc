@@ -1,0 +1,504 @@
+#include "pipeline/manager_impl.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "ckptio/when_all.h"
+#include "format/crc32c.h"
+#include "format/manifest.h"
+#include "pipeline/reader.h"
+#include "pipeline/retention.h"
+#include "pipeline/snapshot.h"
+#include "runtime/spawn.h"
+#include "storage/local_storage.h"
+
+namespace ckptio::pipeline {
+namespace {
+
+// Chunk sizes: the snapshot copies 1 MiB at a time (fits L2, so a fused CRC
+// reads it back from cache); background CRC jobs take 8 MiB (few pool round
+// trips, yet short enough not to hold up a trainer's urgent copy work).
+constexpr size_t kCopyChunk = size_t{1} << 20;
+constexpr size_t kCrcChunk = size_t{8} << 20;
+
+std::string FormatBytes(uint64_t n) {
+  char buf[64];
+  if (n >= (uint64_t{1} << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", n / double(uint64_t{1} << 30));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", n / double(1 << 20));
+  }
+  return buf;
+}
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+void SaveState::Finish(Status s) {
+  {
+    std::lock_guard lock(mu);
+    status = std::move(s);
+    done = true;
+  }
+  cv.notify_all();
+}
+
+Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options options) {
+  if (root.rfind("file://", 0) == 0) root = root.substr(7);
+  if (root.empty()) return InvalidArgumentError("checkpoint root is empty");
+  if (root.rfind("gs://", 0) == 0) {
+    return UnimplementedError("gs:// roots are not supported yet (the GCS backend is not built): " + root);
+  }
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  std::unique_ptr<ManagerImpl> m(new ManagerImpl(root, std::move(options)));
+  m->pool_ = std::make_unique<runtime::CpuPool>(static_cast<size_t>(std::max(m->options_.threads, 0)));
+  ASSIGN_OR_RETURN(m->loop_thread_, runtime::LoopThread::Start());
+  RETURN_IF_ERROR(m->loop().BlockOn(m->OpenStorage()));
+  runtime::Loop* loop = &m->loop();
+  StagingPool::PrefaultedFn on_prefaulted;
+  if (m->options_.io.register_buffers) {
+    // Pinning pages for io_uring faults them in; do it once they are
+    // resident, on the loop thread, off the trainer's path. (This may run
+    // before staging_ is assigned: use only what it is given.)
+    on_prefaulted = [loop](char* base, uint64_t capacity) {
+      loop->Post([loop, base, capacity] {
+        iovec region{base, capacity};
+        // Best effort: without registration writes still work, unpinned.
+        loop->RegisterBuffers({&region, 1}).IgnoreError();
+      });
+    };
+  }
+  ASSIGN_OR_RETURN(m->staging_, StagingPool::Create(m->options_.staging_memory, std::move(on_prefaulted)));
+  // A root another process is writing to opens read-only: saves then fail
+  // with the lock error, listing and restoring work.
+  if (!m->EnsureWritable().ok()) RETURN_IF_ERROR(m->loop().BlockOn(m->Refresh(/*remove_debris=*/false)));
+  return m;
+}
+
+Task<Status> ManagerImpl::OpenStorage() {
+  storage::LocalOptions lo{options_.io.direct, options_.io.block_size, options_.io.queue_depth};
+  CO_ASSIGN_OR_RETURN(storage_, co_await storage::OpenLocalStorage(loop(), *pool_, root_, lo));
+  co_return Status::Ok();
+}
+
+ManagerImpl::~ManagerImpl() {
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return in_flight_ == 0; });
+  }
+  if (staging_) staging_->StopPrefault();  // no more posts to the loop from it
+  if (loop_thread_) loop().BlockOn(CloseStorage());
+  loop_thread_.reset();
+  pool_.reset();
+  staging_.reset();
+}
+
+Task<void> ManagerImpl::CloseStorage() {
+  storage_.reset();
+  co_return;
+}
+
+Task<Status> ManagerImpl::LockTask() { co_return storage_->LockForWriting(); }
+
+Status ManagerImpl::EnsureWritable() {
+  std::lock_guard guard(writable_mu_);
+  if (writable_) return Status::Ok();
+  RETURN_IF_ERROR(loop().BlockOn(LockTask()));
+  RETURN_IF_ERROR(loop().BlockOn(Refresh(/*remove_debris=*/true)));
+  writable_ = true;
+  return Status::Ok();
+}
+
+Task<Status> ManagerImpl::Refresh(bool remove_debris) {
+  CO_ASSIGN_OR_RETURN(std::vector<storage::Entry> entries, co_await storage_->List());
+  std::set<int64_t> committed;
+  std::vector<std::pair<int64_t, std::string>> unfinished;  // (step, name)
+  const std::string& prefix = options_.prefix;
+  for (const storage::Entry& e : entries) {
+    if (e.name.compare(0, prefix.size(), prefix) != 0) continue;
+    size_t digits = 0;
+    while (prefix.size() + digits < e.name.size() && std::isdigit(static_cast<unsigned char>(e.name[prefix.size() + digits]))) ++digits;
+    if (digits == 0 || digits > 18) continue;
+    int64_t step = std::stoll(e.name.substr(prefix.size(), digits));
+    std::string rest = e.name.substr(prefix.size() + digits);
+    if (rest.empty() && e.committed) {
+      committed.insert(step);
+    } else if (rest.empty() || rest.rfind(storage::kTmpMarker, 0) == 0) {
+      unfinished.emplace_back(step, e.name);
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    committed_ = committed;
+  }
+  if (!remove_debris) co_return Status::Ok();
+  // Debris: anything tmp-marked (we hold the writer lock, so no save of ours
+  // is in flight), and unfinished steps older than the newest commit (a
+  // remote store has no tmp names; a newer one may still be in flight).
+  int64_t newest = committed.empty() ? -1 : *committed.rbegin();
+  for (const auto& [step, name] : unfinished) {
+    if (name.find(storage::kTmpMarker) == std::string::npos && step >= newest) continue;
+    Status s = co_await storage_->Remove(name);
+    if (!s.ok()) co_return s.WithContext("cannot remove the debris of an unfinished save in " + root_);
+  }
+  co_return Status::Ok();
+}
+
+Result<SaveHandle> ManagerImpl::Skip(std::shared_ptr<SaveState> state, const std::string& why) {
+  state->skipped = true;
+  ++stats_.saves_skipped;
+  state->Finish(ResourceExhaustedError("save of step " + std::to_string(state->step) + " skipped: " + why));
+  return SaveHandle(std::move(state));
+}
+
+Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json) {
+  const Clock::time_point start = Clock::now();
+  auto job = std::make_shared<SaveJob>();
+  job->state = std::make_shared<SaveState>(step);
+  job->metadata = nlohmann::json::parse(metadata_json, nullptr, /*allow_exceptions=*/false);
+  if (!job->metadata.is_object()) {
+    return InvalidArgumentError("save of step " + std::to_string(step) + ": metadata must be a JSON object, got: " +
+                                metadata_json.substr(0, 80));
+  }
+  ASSIGN_OR_RETURN(job->plan, PlanSave(step, tensors, options_));
+  if (job->plan.staging_bytes > staging_->capacity()) {
+    return ResourceExhaustedError("save of step " + std::to_string(step) + " needs " +
+                                  FormatBytes(job->plan.staging_bytes) + " of staging memory, more than staging_memory (" +
+                                  FormatBytes(staging_->capacity()) + "): raise staging_memory or use snapshot \"borrow\"");
+  }
+  RETURN_IF_ERROR(EnsureWritable());
+  {
+    std::unique_lock lock(mu_);
+    if (!pending_error_.ok()) {
+      Status e = std::exchange(pending_error_, Status::Ok());
+      return std::move(e).WithContext("an earlier background save failed");
+    }
+    if (committed_.count(step) != 0 && !options_.overwrite) {
+      return AlreadyExistsError("checkpoint step " + std::to_string(step) + " already exists in " + root_ +
+                                " (set overwrite to replace it)");
+    }
+    if (in_flight_steps_.count(step) != 0) {
+      return AlreadyExistsError("a save of step " + std::to_string(step) + " is already in progress");
+    }
+    for (;;) {
+      if (in_flight_ < options_.max_in_flight) {
+        job->staging_offset = staging_->TryAllocate(job->plan.staging_bytes);
+        if (job->staging_offset) break;
+      }
+      if (options_.on_busy == OnBusy::kSkip) {
+        return Skip(job->state, in_flight_ >= options_.max_in_flight
+                                    ? std::to_string(in_flight_) + " saves already in flight (max_in_flight)"
+                                    : "not enough free staging memory for " + FormatBytes(job->plan.staging_bytes));
+      }
+      cv_.wait(lock);
+    }
+    ++in_flight_;
+    in_flight_steps_.insert(step);
+    job->previous = std::exchange(last_job_, job);
+  }
+  job->region = staging_->base() + *job->staging_offset;
+  TakeSnapshot(job.get());
+  job->snapshot_end = Clock::now();
+  {
+    std::lock_guard lock(job->state->mu);
+    job->state->timings.snapshot_seconds = std::chrono::duration<double>(job->snapshot_end - start).count();
+    job->state->timings.bytes = job->plan.checkpoint_bytes;
+  }
+  ManagerImpl* self = this;
+  loop().Post([self, job] { runtime::Spawn(self->RunSave(job)); });
+  return SaveHandle(job->state);
+}
+
+void ManagerImpl::TakeSnapshot(SaveJob* job) {
+  const SavePlan& plan = job->plan;
+  std::vector<Chunk> copy;
+  if (!plan.borrow) copy = MakeChunks(plan, job->region, kCopyChunk);
+  // The CRC32C runs in a background pass over staging (or over the borrowed
+  // buffers) while the shards are written: the trainer waits for the copy
+  // alone, which is the figure that matters (DESIGN.md, performance model).
+  CopySnapshot(*pool_, plan, job->region, copy, nullptr);
+  job->crc_chunks = MakeChunks(plan, job->region, kCrcChunk);
+  job->chunk_crc.assign(job->crc_chunks.size(), 0);
+  job->images = MakeImages(plan, job->region);
+  for (storage::FileImage& image : job->images) image.progress = &job->state->bytes_written;
+}
+
+Task<void> ManagerImpl::RunSave(std::shared_ptr<SaveJob> job) {
+  const int64_t step = job->plan.step;
+  Status s = co_await Persist(job.get());
+  ReleaseStaging(job.get());
+  if (!s.ok()) s = std::move(s).WithContext("cannot save step " + std::to_string(step) + " to " + root_);
+  {
+    std::lock_guard lock(mu_);
+    in_flight_steps_.erase(step);
+    if (s.ok()) {
+      committed_.insert(step);
+      ++stats_.saves_committed;
+      stats_.bytes_committed += job->plan.checkpoint_bytes;
+    } else {
+      ++stats_.saves_failed;
+      if (pending_error_.ok()) pending_error_ = s;
+    }
+  }
+  job->ended.Set();
+  job->previous.reset();
+  if (s.ok()) {
+    Status p = co_await PruneNow();
+    if (!p.ok()) {
+      std::lock_guard lock(mu_);
+      if (pending_error_.ok()) pending_error_ = std::move(p);
+    }
+  }
+  {
+    std::lock_guard lock(job->state->mu);
+    job->state->timings.persist_seconds = SecondsSince(job->snapshot_end);
+  }
+  job->state->Finish(std::move(s));
+  {
+    std::lock_guard lock(mu_);
+    --in_flight_;
+  }
+  cv_.notify_all();
+}
+
+void ManagerImpl::ReleaseStaging(SaveJob* job) {
+  if (!job->staging_offset) return;
+  staging_->Free(*job->staging_offset, job->plan.staging_bytes);
+  job->staging_offset.reset();
+  { std::lock_guard lock(mu_); }  // order the release before waiters re-check
+  cv_.notify_all();
+}
+
+Task<Status> ManagerImpl::WriteShards(SaveJob* job, storage::CheckpointWriter* writer) {
+  std::vector<Task<Status>> writes;
+  for (const storage::FileImage& image : job->images) writes.push_back(writer->WriteFile(&image));
+  // Named before the co_await (g++ 12 and temporaries, see STYLE.md).
+  Task<void> crcs = ComputeChunkCrcs(*pool_, &job->crc_chunks, &job->chunk_crc, pool_->size());
+  Task<std::vector<Status>> all_writes = WhenAll(std::move(writes));
+  auto both = WhenAll(std::move(crcs), std::move(all_writes));
+  auto done = co_await std::move(both);
+  for (Status& r : std::get<1>(done)) CO_TRY(r);
+  job->tensor_crc = CombineChunkCrcs(job->plan, job->crc_chunks, job->chunk_crc);
+  co_return Status::Ok();
+}
+
+Task<Status> ManagerImpl::Persist(SaveJob* job) {
+  const int64_t step = job->plan.step;
+  CO_ASSIGN_OR_RETURN(std::unique_ptr<storage::CheckpointWriter> writer,
+                      co_await storage_->StartCheckpoint(StepName(step), options_.overwrite));
+  Status s = co_await WriteShards(job, writer.get());
+  // Every byte is durable (or failed): staging can serve the next save.
+  ReleaseStaging(job);
+  std::string manifest_json;
+  if (s.ok()) {
+    format::Manifest m = MakeManifest(job->plan, job->tensor_crc, ShardCrcs(job->plan, job->tensor_crc), job->metadata);
+    s = format::ValidateManifest(StepName(step) + "/manifest.json", m);
+    if (s.ok()) manifest_json = format::SerializeManifest(m);
+  }
+  if (job->previous) {
+    co_await job->previous->ended.Wait();  // commits happen in admission order
+    job->previous.reset();
+  }
+  if (s.ok()) s = co_await writer->Commit(std::move(manifest_json));
+  if (!s.ok()) {
+    Status aborted = co_await writer->Abort();
+    aborted.IgnoreError();  // the write or commit error is the one to report
+  }
+  co_return s;
+}
+
+Task<Status> ManagerImpl::PruneNow() {
+  co_await prune_lock_.Acquire();
+  std::vector<int64_t> doomed;
+  {
+    std::lock_guard lock(mu_);
+    std::set<int64_t> untouchable = in_flight_steps_;
+    untouchable.insert(readers_.begin(), readers_.end());
+    doomed = StepsToPrune(committed_, options_.keep, options_.keep_every, untouchable);
+    // Gone from the index before the first byte is deleted, so no reader
+    // can pin a checkpoint that is being removed.
+    for (int64_t step : doomed) committed_.erase(step);
+  }
+  Status first;
+  for (int64_t step : doomed) {
+    Status s = co_await storage_->Remove(StepName(step));
+    std::lock_guard lock(mu_);
+    if (s.ok()) {
+      ++stats_.checkpoints_pruned;
+    } else if (first.ok()) {
+      first = std::move(s).WithContext("cannot prune step " + std::to_string(step) + " in " + root_);
+    }
+  }
+  prune_lock_.Release();
+  co_return first;
+}
+
+Status ManagerImpl::WaitUntilFinished() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [this] { return in_flight_ == 0; });
+  return std::exchange(pending_error_, Status::Ok());
+}
+
+Result<int64_t> ManagerImpl::PinStep(std::optional<int64_t> step) {
+  {
+    std::lock_guard guard(writable_mu_);
+    if (!writable_) RETURN_IF_ERROR(loop().BlockOn(Refresh(/*remove_debris=*/false)));
+  }
+  std::lock_guard lock(mu_);
+  if (!step) {
+    if (committed_.empty()) return NotFoundError("no committed checkpoint in " + root_);
+    step = *committed_.rbegin();
+  } else if (committed_.count(*step) == 0) {
+    return NotFoundError("no committed checkpoint of step " + std::to_string(*step) + " in " + root_);
+  }
+  readers_.insert(*step);
+  return *step;
+}
+
+void ManagerImpl::Unpin(int64_t step) {
+  std::lock_guard lock(mu_);
+  readers_.erase(readers_.find(step));
+}
+
+Task<Result<RestoredCheckpoint>> ManagerImpl::RestoreTask(int64_t step, const ProgressFn* progress) {
+  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenCheckpoint(storage_.get(), StepName(step)));
+  if (c.manifest.step != step) {
+    co_return CorruptionError(c.path + "/manifest.json: says step " + std::to_string(c.manifest.step) +
+                              ", but the directory is step " + std::to_string(step));
+  }
+  RestoredCheckpoint out;
+  out.step = step;
+  out.metadata_json = c.manifest.metadata.dump();
+  std::vector<size_t> indices;
+  std::vector<char*> dsts;
+  out.tensors.reserve(c.manifest.tensors.size());
+  for (size_t i = 0; i < c.manifest.tensors.size(); ++i) {
+    const format::ManifestTensor& t = c.manifest.tensors[i];
+    out.tensors.push_back({t.name, t.dtype, t.shape, std::vector<std::byte>(t.bytes)});
+    indices.push_back(i);
+    dsts.push_back(reinterpret_cast<char*>(out.tensors.back().bytes.data()));
+  }
+  CO_TRY(co_await ReadTensors(pool_.get(), &c, std::move(indices), std::move(dsts), progress));
+  co_return std::move(out);
+}
+
+Result<RestoredCheckpoint> ManagerImpl::Restore(std::optional<int64_t> step, ProgressFn progress) {
+  ASSIGN_OR_RETURN(int64_t s, PinStep(step));
+  auto r = loop().BlockOn(RestoreTask(s, &progress));
+  Unpin(s);
+  return r;
+}
+
+Task<Status> ManagerImpl::RestoreIntoTask(int64_t step, std::span<const MutableTensorRef> tensors) {
+  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenCheckpoint(storage_.get(), StepName(step)));
+  std::map<std::string_view, size_t> by_name;
+  for (size_t i = 0; i < c.manifest.tensors.size(); ++i) by_name[c.manifest.tensors[i].name] = i;
+  std::vector<size_t> indices;
+  std::vector<char*> dsts;
+  for (const MutableTensorRef& want : tensors) {
+    auto it = by_name.find(want.name);
+    if (it == by_name.end()) {
+      co_return NotFoundError("step " + std::to_string(step) + " in " + root_ + " has no tensor \"" + want.name + "\"");
+    }
+    const format::ManifestTensor& t = c.manifest.tensors[it->second];
+    if (t.dtype != want.dtype || t.shape != want.shape) {
+      co_return InvalidArgumentError("tensor \"" + want.name + "\": the buffer is " +
+                                     std::string(format::DTypeName(want.dtype)) + format::ShapeToString(want.shape) +
+                                     " but step " + std::to_string(step) + " holds " +
+                                     std::string(format::DTypeName(t.dtype)) + format::ShapeToString(t.shape));
+    }
+    if (t.bytes > 0 && want.data == nullptr) {
+      co_return InvalidArgumentError("tensor \"" + want.name + "\": destination buffer is null");
+    }
+    indices.push_back(it->second);
+    dsts.push_back(static_cast<char*>(want.data));
+  }
+  co_return co_await ReadTensors(pool_.get(), &c, std::move(indices), std::move(dsts), nullptr);
+}
+
+Result<int64_t> ManagerImpl::RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors) {
+  ASSIGN_OR_RETURN(int64_t s, PinStep(step));
+  Status st = loop().BlockOn(RestoreIntoTask(s, tensors));
+  Unpin(s);
+  RETURN_IF_ERROR(st);
+  return s;
+}
+
+std::vector<int64_t> ManagerImpl::AllSteps() {
+  {
+    std::lock_guard guard(writable_mu_);
+    if (!writable_) loop().BlockOn(Refresh(/*remove_debris=*/false)).IgnoreError();
+  }
+  std::lock_guard lock(mu_);
+  return {committed_.begin(), committed_.end()};
+}
+
+std::optional<int64_t> ManagerImpl::LatestStep() {
+  std::vector<int64_t> all = AllSteps();
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+Result<CheckpointInfo> ManagerImpl::Info(int64_t step) {
+  auto read = [](ManagerImpl* self, int64_t s) -> Task<Result<std::string>> {
+    co_return co_await self->storage_->ReadSmallFile(self->StepName(s), "manifest.json", format::kMaxManifestBytes);
+  };
+  ASSIGN_OR_RETURN(std::string bytes, loop().BlockOn(read(this, step)));
+  ASSIGN_OR_RETURN(format::Manifest m, format::ParseManifest(root_ + "/" + StepName(step) + "/manifest.json", bytes));
+  CheckpointInfo info;
+  info.step = m.step;
+  info.created = m.created;
+  for (const auto& s : m.shards) info.bytes += s.bytes;
+  info.tensors = m.tensors.size();
+  info.shards = m.shards.size();
+  info.metadata_json = m.metadata.dump();
+  return info;
+}
+
+Task<Result<uint64_t>> ManagerImpl::VerifyTask(int64_t step, const ProgressFn* progress) {
+  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenCheckpoint(storage_.get(), StepName(step)));
+  co_return co_await VerifyAll(pool_.get(), &c, progress);
+}
+
+Result<VerifyReport> ManagerImpl::Verify(std::optional<int64_t> step, ProgressFn progress) {
+  ASSIGN_OR_RETURN(int64_t s, PinStep(step));
+  auto r = loop().BlockOn(VerifyTask(s, &progress));
+  Unpin(s);
+  ASSIGN_OR_RETURN(uint64_t bytes, std::move(r));
+  ASSIGN_OR_RETURN(CheckpointInfo info, Info(s));
+  return VerifyReport{s, bytes, info.tensors, info.shards};
+}
+
+Task<Status> ManagerImpl::DeleteTask(int64_t step) { co_return co_await storage_->Remove(StepName(step)); }
+
+Status ManagerImpl::Delete(int64_t step) {
+  RETURN_IF_ERROR(EnsureWritable());
+  {
+    std::lock_guard lock(mu_);
+    if (in_flight_steps_.count(step) != 0) {
+      return FailedPreconditionError("cannot delete step " + std::to_string(step) + ": a save of it is in flight");
+    }
+    if (readers_.count(step) != 0) {
+      return FailedPreconditionError("cannot delete step " + std::to_string(step) + ": it is being read");
+    }
+    if (committed_.erase(step) == 0) {
+      return NotFoundError("no committed checkpoint of step " + std::to_string(step) + " in " + root_);
+    }
+  }
+  Status s = loop().BlockOn(DeleteTask(step));
+  return s.ok() ? s : std::move(s).WithContext("cannot delete step " + std::to_string(step));
+}
+
+Status ManagerImpl::Prune() {
+  RETURN_IF_ERROR(EnsureWritable());
+  return loop().BlockOn(PruneNow());
+}
+
+ManagerStats ManagerImpl::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+}  // namespace ckptio::pipeline

@@ -1,0 +1,137 @@
+#pragma once
+// ManagerImpl: the machinery behind CheckpointManager.
+//
+// Threads: the public methods run on the caller's thread. Save() admits the
+// save (staging, max_in_flight), takes the snapshot on the caller's thread
+// plus the CPU pool, and posts the rest to the loop thread, which writes the
+// shards, commits in admission order, prunes, and finishes the handle. Other
+// public methods run their I/O on the loop thread through Loop::BlockOn.
+// Shared state is guarded by mu_, which is never held across a co_await or a
+// BlockOn (the loop thread takes it too).
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ckptio/checkpoint_manager.h"
+#include "pipeline/save_plan.h"
+#include "pipeline/staging.h"
+#include "runtime/async_sync.h"
+#include "runtime/cpu_pool.h"
+#include "runtime/loop.h"
+#include "storage/storage.h"
+
+namespace ckptio::pipeline {
+
+using Clock = std::chrono::steady_clock;
+
+// What a SaveHandle sees. Written by the loop thread, read by any.
+struct SaveState {
+  explicit SaveState(int64_t s) : step(s) {}
+  const int64_t step;
+  bool skipped = false;  // set before the handle is returned
+  std::atomic<uint64_t> bytes_written{0};
+  mutable std::mutex mu;
+  mutable std::condition_variable cv;
+  bool done = false;     // guarded by mu
+  Status status;         // guarded by mu
+  SaveTimings timings;   // guarded by mu
+
+  void Finish(Status s);
+};
+
+// One save on its way through the loop thread.
+struct SaveJob {
+  std::shared_ptr<SaveState> state;
+  SavePlan plan;
+  nlohmann::json metadata;
+  std::optional<uint64_t> staging_offset;  // the save's staging region while held
+  char* region = nullptr;
+  std::vector<Chunk> crc_chunks;  // checksummed in the background if not empty
+  std::vector<uint32_t> chunk_crc;
+  std::vector<uint32_t> tensor_crc;  // filled by the fused snapshot or from chunk_crc
+  std::vector<storage::FileImage> images;
+  std::shared_ptr<SaveJob> previous;  // committed before this one
+  runtime::AsyncEvent ended;          // set when committed or failed
+  Clock::time_point snapshot_end;
+};
+
+class ManagerImpl {
+ public:
+  static Result<std::unique_ptr<ManagerImpl>> Open(std::string root, Options options);
+  ~ManagerImpl();
+
+  Result<SaveHandle> Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json);
+  Status WaitUntilFinished();
+  Result<RestoredCheckpoint> Restore(std::optional<int64_t> step, ProgressFn progress);
+  Result<int64_t> RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors);
+  std::vector<int64_t> AllSteps();
+  std::optional<int64_t> LatestStep();
+  Result<CheckpointInfo> Info(int64_t step);
+  Result<VerifyReport> Verify(std::optional<int64_t> step, ProgressFn progress);
+  Status Delete(int64_t step);
+  Status Prune();
+
+  const Options& options() const { return options_; }
+  const std::string& root() const { return root_; }
+  ManagerStats stats() const;
+
+ private:
+  ManagerImpl(std::string root, Options options) : options_(std::move(options)), root_(std::move(root)) {}
+  runtime::Loop& loop() { return loop_thread_->loop(); }
+  std::string StepName(int64_t step) const { return options_.prefix + std::to_string(step); }
+
+  // Takes the root's writer lock and clears debris, once.
+  Status EnsureWritable();
+  // Re-reads the committed steps; with `remove_debris`, deletes leftovers of
+  // saves that never committed.
+  Task<Status> Refresh(bool remove_debris);
+  // Resolves nullopt to the latest step and pins it against pruning.
+  Result<int64_t> PinStep(std::optional<int64_t> step);
+  void Unpin(int64_t step);
+
+  Result<SaveHandle> Skip(std::shared_ptr<SaveState> state, const std::string& why);
+  void TakeSnapshot(SaveJob* job);
+  Task<void> RunSave(std::shared_ptr<SaveJob> job);
+  Task<Status> Persist(SaveJob* job);
+  Task<Status> WriteShards(SaveJob* job, storage::CheckpointWriter* writer);
+  void ReleaseStaging(SaveJob* job);
+  Task<Status> PruneNow();
+  Task<Result<RestoredCheckpoint>> RestoreTask(int64_t step, const ProgressFn* progress);
+  Task<Status> RestoreIntoTask(int64_t step, std::span<const MutableTensorRef> tensors);
+  Task<Result<uint64_t>> VerifyTask(int64_t step, const ProgressFn* progress);
+  Task<Status> DeleteTask(int64_t step);
+  Task<Status> LockTask();
+  Task<void> CloseStorage();
+  Task<Status> OpenStorage();
+
+  Options options_;
+  std::string root_;
+  std::unique_ptr<runtime::CpuPool> pool_;
+  std::unique_ptr<runtime::LoopThread> loop_thread_;
+  std::unique_ptr<storage::Storage> storage_;  // used on the loop thread only
+  std::unique_ptr<StagingPool> staging_;
+  runtime::AsyncSemaphore prune_lock_{1};      // loop thread only
+
+  std::mutex writable_mu_;
+  bool writable_ = false;  // guarded by writable_mu_; never reset
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // a save ended or staging was released
+  std::set<int64_t> committed_;
+  std::set<int64_t> in_flight_steps_;
+  std::multiset<int64_t> readers_;
+  int in_flight_ = 0;  // admitted saves not yet ended (commit and prune)
+  Status pending_error_;  // a background failure not yet reported
+  std::shared_ptr<SaveJob> last_job_;
+  ManagerStats stats_;
+};
+
+}  // namespace ckptio::pipeline

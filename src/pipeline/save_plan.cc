@@ -1,0 +1,120 @@
+#include "pipeline/save_plan.h"
+
+#include <chrono>
+
+#include "format/crc32c.h"
+#include "pipeline/staging.h"
+
+namespace ckptio::pipeline {
+namespace {
+uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+}  // namespace
+
+Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, const Options& options) {
+  if (step < 0) return InvalidArgumentError("step must be >= 0, got " + std::to_string(step));
+  SavePlan plan;
+  plan.step = step;
+  plan.borrow = options.snapshot == SnapshotMode::kBorrow;
+  plan.specs.reserve(tensors.size());
+  plan.sources.reserve(tensors.size());
+  for (const TensorRef& t : tensors) {
+    auto bytes = format::TensorBytes(t.dtype, t.shape);
+    if (!bytes.ok()) return bytes.status().WithContext("tensor \"" + t.name + "\"");
+    if (*bytes > 0 && t.data == nullptr) {
+      return InvalidArgumentError("tensor \"" + t.name + "\": data is null but it holds " +
+                                  std::to_string(*bytes) + " bytes");
+    }
+    plan.specs.push_back({t.name, t.dtype, t.shape, *bytes});
+    plan.sources.push_back(static_cast<const char*>(t.data));
+  }
+  ASSIGN_OR_RETURN(plan.shards, format::PlanShards(plan.specs, options.shard_size, StagingPool::kAlign));
+  uint64_t offset = 0;
+  for (const format::PlannedShard& s : plan.shards) {
+    plan.prefix_crc.push_back(format::Crc32c(s.prefix.data(), s.prefix.size()));
+    plan.image_offset.push_back(offset);
+    offset += RoundUp(plan.borrow ? s.prefix.size() : s.file_size, StagingPool::kAlign);
+    plan.checkpoint_bytes += s.file_size;
+  }
+  plan.staging_bytes = offset;
+  return plan;
+}
+
+std::vector<Chunk> MakeChunks(const SavePlan& plan, char* region, size_t piece) {
+  std::vector<Chunk> chunks;
+  for (size_t s = 0; s < plan.shards.size(); ++s) {
+    char* image = plan.borrow ? nullptr : region + plan.image_offset[s];
+    for (const format::PlannedTensor& t : plan.shards[s].tensors) {
+      const char* src = plan.sources[t.index];
+      for (uint64_t off = 0; off < t.bytes; off += piece) {
+        size_t len = static_cast<size_t>(std::min<uint64_t>(piece, t.bytes - off));
+        chunks.push_back({t.index, src + off, image ? image + t.offset + off : nullptr, len});
+      }
+    }
+  }
+  return chunks;
+}
+
+std::vector<uint32_t> CombineChunkCrcs(const SavePlan& plan, const std::vector<Chunk>& chunks,
+                                       const std::vector<uint32_t>& chunk_crc) {
+  std::vector<uint32_t> crc(plan.specs.size(), 0);  // CRC32C of no bytes is 0
+  std::vector<bool> started(plan.specs.size(), false);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    size_t t = chunks[i].tensor;
+    crc[t] = started[t] ? format::Crc32cCombine(crc[t], chunk_crc[i], chunks[i].len) : chunk_crc[i];
+    started[t] = true;
+  }
+  return crc;
+}
+
+std::vector<uint32_t> ShardCrcs(const SavePlan& plan, const std::vector<uint32_t>& tensor_crc) {
+  std::vector<uint32_t> out;
+  for (size_t s = 0; s < plan.shards.size(); ++s) {
+    uint32_t crc = plan.prefix_crc[s];
+    for (const format::PlannedTensor& t : plan.shards[s].tensors) {
+      crc = format::Crc32cCombine(crc, tensor_crc[t.index], t.bytes);
+    }
+    out.push_back(crc);
+  }
+  return out;
+}
+
+std::vector<storage::FileImage> MakeImages(const SavePlan& plan, char* region) {
+  std::vector<storage::FileImage> images;
+  for (size_t s = 0; s < plan.shards.size(); ++s) {
+    const format::PlannedShard& shard = plan.shards[s];
+    storage::FileImage image;
+    image.name = shard.name;
+    image.size = shard.file_size;
+    char* base = region + plan.image_offset[s];
+    if (!plan.borrow) {
+      image.segments.push_back({0, base, shard.file_size, RoundUp(shard.file_size, StagingPool::kAlign)});
+    } else {
+      image.segments.push_back({0, base, shard.prefix.size(), shard.prefix.size()});
+      for (const format::PlannedTensor& t : shard.tensors) {
+        if (t.bytes > 0) image.segments.push_back({t.offset, plan.sources[t.index], t.bytes, t.bytes});
+      }
+    }
+    images.push_back(std::move(image));
+  }
+  return images;
+}
+
+format::Manifest MakeManifest(const SavePlan& plan, const std::vector<uint32_t>& tensor_crc,
+                              const std::vector<uint32_t>& shard_crc, nlohmann::json metadata) {
+  format::Manifest m;
+  m.step = plan.step;
+  m.created = format::FormatRfc3339Utc(std::chrono::system_clock::now());
+  m.writer = std::string("ckptio ") + CKPTIO_VERSION;
+  m.metadata = std::move(metadata);
+  for (size_t s = 0; s < plan.shards.size(); ++s) {
+    m.shards.push_back({plan.shards[s].name, plan.shards[s].file_size, shard_crc[s]});
+    for (const format::PlannedTensor& t : plan.shards[s].tensors) {
+      const format::TensorSpec& spec = plan.specs[t.index];
+      m.tensors.push_back({spec.name, spec.dtype, spec.shape, static_cast<uint32_t>(s), t.offset, t.bytes,
+                           tensor_crc[t.index]});
+    }
+  }
+  return m;
+}
+
+}  // namespace ckptio::pipeline

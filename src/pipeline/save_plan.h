@@ -1,0 +1,62 @@
+#pragma once
+// SavePlan: how one save lays out its tensors, in files and in staging.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ckptio/options.h"
+#include "ckptio/status.h"
+#include "ckptio/tensor.h"
+#include "format/manifest.h"
+#include "format/safetensors.h"
+#include "storage/storage.h"
+
+namespace ckptio::pipeline {
+
+struct SavePlan {
+  int64_t step = 0;
+  std::vector<format::TensorSpec> specs;  // in the caller's order
+  std::vector<const char*> sources;       // the caller's buffers, by spec index
+  std::vector<format::PlannedShard> shards;
+  std::vector<uint32_t> prefix_crc;       // CRC32C of each shard's prefix
+  // Copy mode: each shard's whole file image sits in staging at
+  // image_offset[i] (relative to the save's region), padded to a block.
+  // Borrow mode: only its prefix does.
+  std::vector<uint64_t> image_offset;
+  uint64_t staging_bytes = 0;     // size of the save's staging region
+  uint64_t checkpoint_bytes = 0;  // sum of shard file sizes
+  bool borrow = false;
+};
+
+// Validates the tensors (names, dtypes, shapes, null data) and plans shards.
+// Errors are InvalidArgument naming the tensor.
+Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, const Options& options);
+
+// The byte ranges CRC32C is computed over: every tensor split into pieces of
+// at most `piece` bytes. `dst` is where the bytes land in staging (copy mode)
+// or null (borrow mode).
+struct Chunk {
+  size_t tensor;
+  const char* src;
+  char* dst;
+  size_t len;
+};
+std::vector<Chunk> MakeChunks(const SavePlan& plan, char* region, size_t piece);
+
+// Per-tensor CRCs from per-chunk CRCs (chunks in MakeChunks order).
+std::vector<uint32_t> CombineChunkCrcs(const SavePlan& plan, const std::vector<Chunk>& chunks,
+                                       const std::vector<uint32_t>& chunk_crc);
+
+// Each shard's whole-file CRC from its prefix CRC and its tensors' CRCs.
+std::vector<uint32_t> ShardCrcs(const SavePlan& plan, const std::vector<uint32_t>& tensor_crc);
+
+// The file images the storage writes, pointing into `region` (and, in
+// borrow mode, into the caller's buffers).
+std::vector<storage::FileImage> MakeImages(const SavePlan& plan, char* region);
+
+format::Manifest MakeManifest(const SavePlan& plan, const std::vector<uint32_t>& tensor_crc,
+                              const std::vector<uint32_t>& shard_crc, nlohmann::json metadata);
+
+}  // namespace ckptio::pipeline

@@ -1,0 +1,56 @@
+#include "pipeline/snapshot.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "ckptio/when_all.h"
+#include "format/crc32c.h"
+
+namespace ckptio::pipeline {
+
+void CopySnapshot(runtime::CpuPool& pool, const SavePlan& plan, char* region, const std::vector<Chunk>& chunks,
+                  std::vector<uint32_t>* chunk_crc) {
+  for (size_t s = 0; s < plan.shards.size(); ++s) {
+    std::memcpy(region + plan.image_offset[s], plan.shards[s].prefix.data(), plan.shards[s].prefix.size());
+  }
+  // The caller plus one worker per remaining core: more threads than cores
+  // would only make the copies contend.
+  const size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  pool.ParallelFor(
+      chunks.size(),
+      [&](size_t i) {
+        const Chunk& c = chunks[i];
+        std::memcpy(c.dst, c.src, c.len);
+        if (chunk_crc != nullptr) (*chunk_crc)[i] = format::Crc32c(c.dst, c.len);
+      },
+      cores - 1);
+}
+
+namespace {
+struct CrcWork {
+  runtime::CpuPool* pool;
+  const std::vector<Chunk>* chunks;
+  std::vector<uint32_t>* out;
+  size_t next = 0;
+};
+
+Task<void> CrcLane(CrcWork* w) {
+  while (w->next < w->chunks->size()) {
+    size_t i = w->next++;
+    const Chunk* c = &(*w->chunks)[i];
+    auto job = [c] { return format::Crc32c(c->dst != nullptr ? c->dst : c->src, c->len); };
+    (*w->out)[i] = co_await w->pool->Run(job);
+  }
+}
+}  // namespace
+
+Task<void> ComputeChunkCrcs(runtime::CpuPool& pool, const std::vector<Chunk>* chunks, std::vector<uint32_t>* out,
+                            size_t lanes) {
+  CrcWork work{&pool, chunks, out, 0};
+  std::vector<Task<void>> tasks;
+  for (size_t i = 0; i < std::max<size_t>(lanes, 1); ++i) tasks.push_back(CrcLane(&work));
+  co_await WhenAll(std::move(tasks));
+}
+
+}  // namespace ckptio::pipeline

@@ -1,0 +1,27 @@
+#pragma once
+// The snapshot: the only part of a save the trainer waits for.
+
+#include <cstdint>
+#include <vector>
+
+#include "ckptio/task.h"
+#include "pipeline/save_plan.h"
+#include "runtime/cpu_pool.h"
+
+namespace ckptio::pipeline {
+
+// Copies the shard prefixes and every chunk's bytes into staging, split
+// across the calling thread and the pool. If chunk_crc is given, computes
+// each chunk's CRC32C right after copying it, while it is still in cache
+// (the "fused" mode). Blocks until done; call from the trainer's thread.
+void CopySnapshot(runtime::CpuPool& pool, const SavePlan& plan, char* region, const std::vector<Chunk>& chunks,
+                  std::vector<uint32_t>* chunk_crc);
+
+// Computes each chunk's CRC32C (over dst if set, else src) on the pool,
+// `lanes` chunks at a time, from a coroutine on the loop thread. Small jobs,
+// so a trainer's urgent snapshot work is never stuck behind them for long.
+// REQUIRES: chunks and out outlive the task; out->size() == chunks->size().
+Task<void> ComputeChunkCrcs(runtime::CpuPool& pool, const std::vector<Chunk>* chunks, std::vector<uint32_t>* out,
+                            size_t lanes);
+
+}  // namespace ckptio::pipeline

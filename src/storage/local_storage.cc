@@ -1,0 +1,361 @@
+#include "storage/local_storage.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include "runtime/block_writer.h"
+#include "runtime/io_ops.h"
+
+namespace ckptio::storage {
+namespace {
+
+using runtime::File;
+using runtime::Loop;
+using runtime::UniqueFd;
+
+constexpr size_t kDirectAlign = 4096;
+
+size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+std::string Nonce() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+// A segment can go out with O_DIRECT if its memory and file offset are
+// block-aligned and its length, rounded up to a block, fits its capacity.
+bool DirectEligible(const Segment& s) {
+  return reinterpret_cast<uintptr_t>(s.data) % kDirectAlign == 0 && s.offset % kDirectAlign == 0 &&
+         RoundUp(s.len, kDirectAlign) <= s.capacity;
+}
+
+// Deletes directory `name` under `dirfd` and the files in it (one level: a
+// checkpoint has no subdirectories). Runs on a pool thread: plain syscalls.
+Status RemoveTreeSync(int dirfd, const std::string& name, const std::string& root) {
+  int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return ErrnoToStatus(errno, "open", root + "/" + name);
+  }
+  DIR* dir = ::fdopendir(fd);
+  if (dir == nullptr) {
+    ::close(fd);
+    return ErrnoToStatus(errno, "list", root + "/" + name);
+  }
+  Status status;
+  while (dirent* e = ::readdir(dir)) {
+    std::string entry = e->d_name;
+    if (entry == "." || entry == "..") continue;
+    if (::unlinkat(fd, entry.c_str(), 0) != 0 && errno != ENOENT && status.ok()) {
+      status = ErrnoToStatus(errno, "unlink", root + "/" + name + "/" + entry);
+    }
+  }
+  ::closedir(dir);
+  if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT && status.ok()) {
+    status = ErrnoToStatus(errno, "rmdir", root + "/" + name);
+  }
+  return status;
+}
+
+class LocalStorage;
+
+class LocalWriter final : public CheckpointWriter {
+ public:
+  LocalWriter(LocalStorage* storage, std::string name, std::string tmp_name, File tmp_dir, bool replace)
+      : storage_(storage), name_(std::move(name)), tmp_name_(std::move(tmp_name)),
+        tmp_dir_(std::move(tmp_dir)), replace_(replace) {}
+  ~LocalWriter() override;
+
+  Task<Status> WriteFile(const FileImage* image) override;
+  Task<Status> Commit(std::string manifest_json) override;
+  Task<Status> Abort() override;
+
+ private:
+  Task<Result<File>> OpenForWrite(std::string name, bool* direct);
+  Task<Status> WriteSegments(const File* file, const FileImage* image, bool direct);
+  Task<Status> Publish();
+
+  LocalStorage* storage_;
+  std::string name_;
+  std::string tmp_name_;
+  File tmp_dir_;
+  bool replace_;
+  bool finished_ = false;
+};
+
+class LocalReadable final : public ReadableFile {
+ public:
+  LocalReadable(Loop& loop, File file, uint64_t size) : loop_(loop), file_(std::move(file)), size_(size) {}
+  uint64_t size() const override { return size_; }
+  Task<Status> ReadAt(uint64_t offset, char* dst, size_t len) override {
+    CO_ASSIGN_OR_RETURN(size_t n, co_await loop_.Read(file_, dst, len, offset));
+    if (n != len) {
+      co_return CorruptionError(file_.path() + ": truncated: wanted " + std::to_string(len) +
+                                " bytes at offset " + std::to_string(offset) + ", got " + std::to_string(n));
+    }
+    co_return Status::Ok();
+  }
+
+ private:
+  Loop& loop_;
+  File file_;
+  uint64_t size_;
+};
+
+class LocalStorage final : public Storage {
+ public:
+  LocalStorage(Loop& loop, runtime::CpuPool& pool, std::string root, File root_dir, LocalOptions options)
+      : loop_(loop), pool_(pool), root_(std::move(root)), root_dir_(std::move(root_dir)),
+        options_(options), depth_(std::max(options.queue_depth, 1)) {}
+
+  const std::string& root() const override { return root_; }
+  Task<Result<std::vector<Entry>>> List() override;
+  Task<Result<std::unique_ptr<CheckpointWriter>>> StartCheckpoint(std::string name, bool replace) override;
+  Task<Result<std::string>> ReadSmallFile(std::string checkpoint, std::string file,
+                                          uint64_t max_bytes) override;
+  Task<Result<std::unique_ptr<ReadableFile>>> OpenFile(std::string checkpoint, std::string file) override;
+  Task<Status> Remove(std::string name) override;
+  Status LockForWriting() override;
+
+  Loop& loop() { return loop_; }
+  int root_fd() const { return root_dir_.fd(); }
+  const LocalOptions& options() const { return options_; }
+  runtime::AsyncSemaphore& depth() { return depth_; }
+  std::string PathOf(const std::string& rel) const { return root_ + "/" + rel; }
+  Task<Status> RemoveTree(std::string name);
+  Task<Status> FsyncRoot() { co_return co_await loop_.Fsync(root_dir_); }
+
+ private:
+  Loop& loop_;
+  runtime::CpuPool& pool_;
+  std::string root_;
+  File root_dir_;
+  LocalOptions options_;
+  runtime::AsyncSemaphore depth_;
+  UniqueFd lock_fd_;
+};
+
+Task<Status> LocalStorage::RemoveTree(std::string name) {
+  int fd = root_dir_.fd();
+  auto work = [fd, name, root = root_] { return RemoveTreeSync(fd, name, root); };
+  co_return co_await pool_.Run(work);
+}
+
+Task<Result<std::vector<Entry>>> LocalStorage::List() {
+  auto work = [fd = root_dir_.fd(), root = root_]() -> Result<std::vector<Entry>> {
+    int dup = ::openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dup < 0) return ErrnoToStatus(errno, "open", root);
+    DIR* dir = ::fdopendir(dup);
+    if (dir == nullptr) {
+      ::close(dup);
+      return ErrnoToStatus(errno, "list", root);
+    }
+    std::vector<Entry> out;
+    while (dirent* e = ::readdir(dir)) {
+      std::string name = e->d_name;
+      if (name == "." || name == ".." || name[0] == '.') continue;
+      if (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN) continue;
+      struct stat st;
+      if (::fstatat(dup, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode)) continue;
+      bool committed = name.find(kTmpMarker) == std::string::npos &&
+                       ::faccessat(dup, (name + "/manifest.json").c_str(), F_OK, AT_SYMLINK_NOFOLLOW) == 0;
+      out.push_back({std::move(name), committed});
+    }
+    ::closedir(dir);
+    return out;
+  };
+  co_return co_await pool_.Run(work);
+}
+
+Task<Result<std::unique_ptr<CheckpointWriter>>> LocalStorage::StartCheckpoint(std::string name, bool replace) {
+  std::string tmp = name + kTmpMarker + Nonce();
+  CO_TRY(co_await loop_.MkdirAt(root_dir_.fd(), tmp, 0755));
+  auto dir = co_await loop_.OpenAt(root_dir_.fd(), tmp, O_RDONLY | O_DIRECTORY);
+  if (!dir.ok()) {
+    Status cleanup = co_await RemoveTree(tmp);
+    cleanup.IgnoreError();  // the open error is the one worth reporting
+    co_return dir.status();
+  }
+  File tmp_dir(UniqueFd(dir->release()), PathOf(tmp));
+  co_return std::unique_ptr<CheckpointWriter>(
+      new LocalWriter(this, std::move(name), std::move(tmp), std::move(tmp_dir), replace));
+}
+
+Task<Result<std::string>> LocalStorage::ReadSmallFile(std::string checkpoint, std::string file,
+                                                      uint64_t max_bytes) {
+  const std::string rel = checkpoint + "/" + file;
+  CO_ASSIGN_OR_RETURN(File f, co_await loop_.OpenAt(root_dir_.fd(), rel, O_RDONLY));
+  File named(UniqueFd(f.release()), PathOf(rel));
+  CO_ASSIGN_OR_RETURN(struct statx st, co_await loop_.Statx(named.fd(), "", AT_EMPTY_PATH));
+  if (st.stx_size > max_bytes) {
+    co_return CorruptionError(named.path() + ": " + std::to_string(st.stx_size) + " bytes, more than the " +
+                              std::to_string(max_bytes) + " allowed");
+  }
+  std::string out(st.stx_size, '\0');
+  CO_ASSIGN_OR_RETURN(size_t n, co_await loop_.Read(named, out.data(), out.size(), 0));
+  out.resize(n);
+  CO_TRY(co_await loop_.Close(named));
+  co_return out;
+}
+
+Task<Result<std::unique_ptr<ReadableFile>>> LocalStorage::OpenFile(std::string checkpoint, std::string file) {
+  const std::string rel = checkpoint + "/" + file;
+  CO_ASSIGN_OR_RETURN(File f, co_await loop_.OpenAt(root_dir_.fd(), rel, O_RDONLY | O_NOFOLLOW));
+  File named(UniqueFd(f.release()), PathOf(rel));
+  CO_ASSIGN_OR_RETURN(struct statx st, co_await loop_.Statx(named.fd(), "", AT_EMPTY_PATH));
+  co_return std::unique_ptr<ReadableFile>(new LocalReadable(loop_, std::move(named), st.stx_size));
+}
+
+Task<Status> LocalStorage::Remove(std::string name) {
+  std::string doomed = name;
+  if (name.find(kTmpMarker) == std::string::npos) {
+    // Make the checkpoint disappear atomically before deleting anything.
+    doomed = name + kTmpMarker + "del-" + Nonce();
+    CO_TRY(co_await loop_.RenameAt(root_dir_.fd(), name, root_dir_.fd(), doomed));
+    CO_TRY(co_await FsyncRoot());
+  }
+  co_return co_await RemoveTree(doomed);
+}
+
+Status LocalStorage::LockForWriting() {
+  if (lock_fd_.valid()) return Status::Ok();
+  const std::string path = PathOf(".ckptio.lock");
+  UniqueFd fd(::openat(root_dir_.fd(), ".ckptio.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!fd.valid()) return ErrnoToStatus(errno, "open", path);
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return FailedPreconditionError("another process is writing checkpoints to " + root_ +
+                                     " (it holds the lock " + path + ")");
+    }
+    return ErrnoToStatus(errno, "lock", path);
+  }
+  lock_fd_ = std::move(fd);
+  return Status::Ok();
+}
+
+LocalWriter::~LocalWriter() = default;
+
+Task<Result<File>> LocalWriter::OpenForWrite(std::string name, bool* direct) {
+  Loop& loop = storage_->loop();
+  const int base = O_WRONLY | O_CREAT | O_EXCL;
+  if (*direct) {
+    auto f = co_await loop.OpenAt(tmp_dir_.fd(), name, base | O_DIRECT);
+    if (f.ok() || f.status().sys_errno() != EINVAL ||
+        storage_->options().direct == Options::Io::Direct::kOn) {
+      co_return std::move(f);
+    }
+    // The file system refuses O_DIRECT (the failed open may already have
+    // created the file, hence O_TRUNC rather than O_EXCL): write buffered.
+    *direct = false;
+    co_return co_await loop.OpenAt(tmp_dir_.fd(), name, O_WRONLY | O_CREAT | O_TRUNC);
+  }
+  co_return co_await loop.OpenAt(tmp_dir_.fd(), name, base);
+}
+
+Task<Status> LocalWriter::WriteSegments(const File* file, const FileImage* image, bool direct) {
+  const LocalOptions& o = storage_->options();
+  uint64_t written_end = 0;
+  if (direct && image->size > 0) {
+    // Allocate the whole file first: an O_DIRECT write past the end of file
+    // must update the size, which ext4 and XFS do synchronously (io_uring
+    // then punts every write to a worker thread); writes inside the file
+    // stay asynchronous. It also reserves the space up front, so a full
+    // disk fails here, before any data moves.
+    CO_TRY(co_await storage_->loop().Fallocate(*file, 0, 0, RoundUp(image->size, kDirectAlign)));
+  }
+  for (const Segment& s : image->segments) {
+    size_t len = direct ? RoundUp(s.len, kDirectAlign) : s.len;
+    CO_TRY(co_await runtime::WriteInBlocks(storage_->loop(), file, s.data, len, s.offset, o.block_size,
+                                           o.queue_depth, &storage_->depth(), image->progress));
+    written_end = std::max<uint64_t>(written_end, s.offset + len);
+  }
+  // An O_DIRECT write of the last block went out padded: cut the file back.
+  // ftruncate is a quick metadata update, so it runs inline.
+  if (written_end > image->size && ::ftruncate(file->fd(), static_cast<off_t>(image->size)) != 0) {
+    co_return ErrnoToStatus(errno, "truncate", file->path());
+  }
+  co_return Status::Ok();
+}
+
+Task<Status> LocalWriter::WriteFile(const FileImage* image) {
+  bool direct = storage_->options().direct != Options::Io::Direct::kOff;
+  for (const Segment& s : image->segments) direct = direct && DirectEligible(s);
+  CO_ASSIGN_OR_RETURN(File f, co_await OpenForWrite(image->name, &direct));
+  File file(UniqueFd(f.release()), tmp_dir_.path() + "/" + image->name);
+  Status s = co_await WriteSegments(&file, image, direct);
+  // fdatasync: the data and the size needed to read it back; the rename
+  // protocol does not depend on timestamps.
+  if (s.ok()) s = co_await storage_->loop().Fsync(file, /*datasync=*/true);
+  Status c = co_await storage_->loop().Close(file);
+  co_return s.ok() ? c : s;
+}
+
+Task<Status> LocalWriter::Commit(std::string manifest_json) {
+  Loop& loop = storage_->loop();
+  CO_ASSIGN_OR_RETURN(File m, co_await loop.OpenAt(tmp_dir_.fd(), "manifest.json", O_WRONLY | O_CREAT | O_EXCL));
+  File manifest(UniqueFd(m.release()), tmp_dir_.path() + "/manifest.json");
+  Status s = co_await loop.Write(manifest, manifest_json.data(), manifest_json.size(), 0);
+  if (s.ok()) s = co_await loop.Fsync(manifest);
+  Status c = co_await loop.Close(manifest);
+  CO_TRY(s);
+  CO_TRY(c);
+  // The directory's entries must be durable before the rename publishes
+  // them, or a crash could leave a visible checkpoint with missing files.
+  CO_TRY(co_await loop.Fsync(tmp_dir_));
+  CO_TRY(co_await Publish());
+  finished_ = true;
+  co_return co_await loop.Close(tmp_dir_);
+}
+
+Task<Status> LocalWriter::Publish() {
+  Loop& loop = storage_->loop();
+  const int root = storage_->root_fd();
+  Status renamed = co_await loop.RenameAt(root, tmp_name_, root, name_, RENAME_NOREPLACE);
+  if (renamed.sys_errno() == EEXIST && replace_) {
+    // Swap the new checkpoint in atomically; the old one ends up under the
+    // tmp name and is removed below (or as debris after a crash).
+    CO_TRY(co_await loop.RenameAt(root, tmp_name_, root, name_, RENAME_EXCHANGE));
+    CO_TRY(co_await storage_->FsyncRoot());
+    co_return co_await storage_->RemoveTree(tmp_name_);
+  }
+  if (renamed.sys_errno() == EEXIST) {
+    co_return AlreadyExistsError(storage_->PathOf(name_) + " already exists");
+  }
+  CO_TRY(renamed);
+  co_return co_await storage_->FsyncRoot();
+}
+
+Task<Status> LocalWriter::Abort() {
+  if (finished_) co_return Status::Ok();
+  finished_ = true;
+  if (tmp_dir_.valid()) CO_TRY(co_await storage_->loop().Close(tmp_dir_));
+  co_return co_await storage_->RemoveTree(tmp_name_);
+}
+
+}  // namespace
+
+Task<Result<std::unique_ptr<Storage>>> OpenLocalStorage(Loop& loop, runtime::CpuPool& pool, std::string root,
+                                                        LocalOptions options) {
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  auto mkdirs = [root]() -> Status {
+    std::error_code ec;
+    std::filesystem::create_directories(root, ec);
+    if (ec) return ErrnoToStatus(ec.value(), "create directory", root);
+    return Status::Ok();
+  };
+  CO_TRY(co_await pool.Run(mkdirs));
+  CO_ASSIGN_OR_RETURN(File dir, co_await loop.OpenAt(AT_FDCWD, root, O_RDONLY | O_DIRECTORY));
+  co_return std::unique_ptr<Storage>(new LocalStorage(loop, pool, root, std::move(dir), options));
+}
+
+}  // namespace ckptio::storage

@@ -1,0 +1,41 @@
+#pragma once
+// LocalStorage: checkpoints in a directory of a local file system, written
+// through the io_uring Loop.
+//
+// Commit protocol (each step must be durable before the next, so a crash at
+// any point leaves either the previous state or the new checkpoint):
+//   mkdir <name>.tmp-<nonce>            in-flight checkpoints are invisible
+//   write each file, fdatasync it       O_DIRECT from staging where aligned
+//   write manifest.json, fsync it
+//   fsync the tmp dir                   its entries are durable
+//   rename tmp -> <name>                the checkpoint appears at once
+//   fsync the root                      the rename is durable
+// Removal renames <name> to <name>.tmp-del-<nonce> first (the checkpoint
+// disappears at once), then deletes the files. Anything named *.tmp-* is
+// debris that the writer removes when it takes the root's lock.
+
+#include <memory>
+#include <string>
+
+#include "ckptio/options.h"
+#include "runtime/async_sync.h"
+#include "runtime/cpu_pool.h"
+#include "runtime/loop.h"
+#include "storage/storage.h"
+
+namespace ckptio::storage {
+
+struct LocalOptions {
+  Options::Io::Direct direct = Options::Io::Direct::kAuto;
+  size_t block_size = size_t{4} << 20;
+  int queue_depth = 8;  // writes in flight across all files of this storage
+};
+
+// Opens (creating it and its parents if needed) the directory `root`.
+Task<Result<std::unique_ptr<Storage>>> OpenLocalStorage(runtime::Loop& loop, runtime::CpuPool& pool,
+                                                        std::string root, LocalOptions options);
+
+// The marker of in-flight or half-removed checkpoint directories.
+inline constexpr const char* kTmpMarker = ".tmp-";
+
+}  // namespace ckptio::storage

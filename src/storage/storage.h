@@ -1,0 +1,107 @@
+#pragma once
+// Storage: where checkpoints live, behind one asynchronous interface.
+//
+// A checkpoint is a named group of files ("checkpoint_200/shard-00000.
+// safetensors", ".../manifest.json"). The interface is shaped by the commit
+// protocol rather than by POSIX: a CheckpointWriter writes a checkpoint's
+// files where readers cannot see them, then Commit() makes the whole
+// checkpoint appear at once, with the manifest as the commit point (local
+// disk: tmp dir + fsync + rename; GCS: shards first, manifest object last).
+//
+// Threads: every method is called, and every task awaited, on the Loop thread
+// the storage was opened on. Buffers passed in stay owned by the caller and
+// must stay valid until the returned task finishes.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckptio/status.h"
+#include "ckptio/task.h"
+
+namespace ckptio::runtime {
+class AsyncEvent;
+}
+
+namespace ckptio::storage {
+
+// Bytes [data, data + len) go to file offset `offset`. The `capacity` - len
+// bytes after them are padding the writer may also write (as an O_DIRECT
+// write rounds up to a block) before truncating the file to its size.
+struct Segment {
+  uint64_t offset = 0;
+  const char* data = nullptr;
+  size_t len = 0;
+  size_t capacity = 0;  // >= len
+};
+
+// The complete image of one file: segments in order, covering [0, size).
+struct FileImage {
+  std::string name;  // a plain file name inside the checkpoint
+  uint64_t size = 0;
+  std::vector<Segment> segments;
+  // CRC32C of the whole file, valid once *crc_ready is set (a remote store
+  // sends it with the last bytes so the server can check them).
+  const uint32_t* crc32c = nullptr;
+  runtime::AsyncEvent* crc_ready = nullptr;
+  // If set, bytes written so far are added here (read from other threads).
+  std::atomic<uint64_t>* progress = nullptr;
+};
+
+// Writes one checkpoint. Created by Storage::StartCheckpoint.
+class CheckpointWriter {
+ public:
+  virtual ~CheckpointWriter() = default;
+  // Writes one file completely and durably. Files may be written concurrently.
+  virtual Task<Status> WriteFile(const FileImage* image) = 0;
+  // Writes the manifest and makes the checkpoint visible, atomically and
+  // durably. REQUIRES: every WriteFile finished OK.
+  virtual Task<Status> Commit(std::string manifest_json) = 0;
+  // Removes whatever was written; the checkpoint never becomes visible.
+  virtual Task<Status> Abort() = 0;
+};
+
+// A file opened for reading.
+class ReadableFile {
+ public:
+  virtual ~ReadableFile() = default;
+  virtual uint64_t size() const = 0;
+  // Reads exactly len bytes at offset into dst, or fails (a file shorter
+  // than offset + len is Corruption: "truncated").
+  virtual Task<Status> ReadAt(uint64_t offset, char* dst, size_t len) = 0;
+};
+
+// One checkpoint-like name under the root.
+struct Entry {
+  std::string name;        // "checkpoint_200", "checkpoint_300.tmp-1f2e..."
+  bool committed = false;  // its manifest exists
+};
+
+class Storage {
+ public:
+  virtual ~Storage() = default;
+  // "/data/ckpt" or "gs://bucket/prefix", for messages.
+  virtual const std::string& root() const = 0;
+  // Names directly under the root (directories or object prefixes).
+  virtual Task<Result<std::vector<Entry>>> List() = 0;
+  // Starts writing checkpoint `name`. With `replace`, Commit() replaces a
+  // committed checkpoint of that name atomically.
+  virtual Task<Result<std::unique_ptr<CheckpointWriter>>> StartCheckpoint(std::string name,
+                                                                         bool replace) = 0;
+  // Reads a whole small file (the manifest); error if it exceeds max_bytes.
+  virtual Task<Result<std::string>> ReadSmallFile(std::string checkpoint, std::string file,
+                                                  uint64_t max_bytes) = 0;
+  virtual Task<Result<std::unique_ptr<ReadableFile>>> OpenFile(std::string checkpoint,
+                                                               std::string file) = 0;
+  // Removes a checkpoint, committed or not. A committed one disappears
+  // atomically first (its manifest goes before its shards), so a crash in
+  // the middle leaves debris, never a checkpoint with missing shards.
+  virtual Task<Status> Remove(std::string name) = 0;
+  // Takes the exclusive writer lock of the root, if the backend has one.
+  // Error if another process holds it.
+  virtual Status LockForWriting() = 0;
+};
+
+}  // namespace ckptio::storage

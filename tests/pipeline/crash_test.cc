@@ -1,0 +1,81 @@
+// Crash safety: a process saving in a loop is SIGKILLed at random moments;
+// after each kill, recovery must leave no debris and the latest checkpoint
+// must restore bit-exact: the previous or the new one, never a torn one.
+
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "ckptio/checkpoint_manager.h"
+#include "test_state.h"
+#include "test_util.h"
+
+namespace ckptio {
+namespace {
+
+namespace fs = std::filesystem;
+
+pid_t StartSaver(const std::string& exe, const std::string& root) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl(exe.c_str(), exe.c_str(), root.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+TEST_CASE("a saver SIGKILLed at 20 random moments always leaves the previous or the new checkpoint") {
+  const char* exe = std::getenv("CKPTIO_CRASH_SAVER");
+  REQUIRE_MESSAGE(exe != nullptr, "CKPTIO_CRASH_SAVER must name the crash_saver binary");
+  testing::TempDir dir;
+  const unsigned seed = std::random_device{}();
+  MESSAGE("kill-time seed " << seed);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> delay_ms(20, 600);
+  int64_t last_latest = 0;
+  for (int round = 0; round < 20; ++round) {
+    pid_t pid = StartSaver(exe, dir.path());
+    REQUIRE(pid > 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
+    REQUIRE(kill(pid, SIGKILL) == 0);
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE_MESSAGE(WIFSIGNALED(status), "crash_saver exited on its own with status " << status);
+
+    Options o;
+    o.staging_memory = 8 << 20;
+    o.keep = 3;
+    auto m = CheckpointManager::Open(dir.path(), o);  // takes the lock, recovers
+    REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+    for (const auto& e : fs::directory_iterator(dir.path())) {
+      CHECK_MESSAGE(e.path().filename().string().find(".tmp-") == std::string::npos,
+                    "debris left after recovery: " << e.path());
+    }
+    std::optional<int64_t> latest = (*m)->LatestStep();
+    if (!latest) continue;  // killed before the first commit
+    CHECK(*latest >= last_latest);
+    last_latest = *latest;
+    auto r = (*m)->Restore();
+    REQUIRE_MESSAGE(r.ok(), "round " << round << ": " << r.status().ToString());
+    auto want = testing::MakeState(*latest, 6, 200'000);
+    REQUIRE(r->tensors.size() == want.size());
+    bool equal = true;
+    for (size_t i = 0; i < want.size(); ++i) equal = equal && r->tensors[i].bytes == want[i].bytes;
+    CHECK_MESSAGE(equal, "round " << round << ": step " << *latest << " is not bit-exact");
+    for (int64_t step : (*m)->AllSteps()) {
+      auto v = (*m)->Verify(step);
+      CHECK_MESSAGE(v.ok(), v.status().ToString());
+    }
+  }
+  CHECK(last_latest > 0);
+}
+
+}  // namespace
+}  // namespace ckptio

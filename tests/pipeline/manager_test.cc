@@ -1,0 +1,448 @@
+// CheckpointManager on the real file system.
+
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckptio/checkpoint_manager.h"
+#include "format/dtype.h"
+#include "test_util.h"
+
+namespace ckptio {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+Options SmallOptions() {
+  Options o;
+  o.staging_memory = 64 << 20;
+  o.shard_size = 1 << 20;
+  o.keep = 0;
+  o.threads = 2;
+  return o;
+}
+
+std::unique_ptr<CheckpointManager> OpenOrDie(const std::string& root, const Options& o) {
+  auto m = CheckpointManager::Open(root, o);
+  REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+  return std::move(m).value();
+}
+
+// A tensor whose bytes are a deterministic function of (name, step).
+struct OwnedTensor {
+  std::string name;
+  DType dtype;
+  std::vector<uint64_t> shape;
+  std::vector<std::byte> bytes;
+  TensorRef ref() const { return {name, dtype, shape, bytes.data()}; }
+};
+
+OwnedTensor MakeTensor(std::string name, DType dtype, std::vector<uint64_t> shape, int64_t step) {
+  uint64_t n = format::TensorBytes(dtype, shape).value();
+  OwnedTensor t{std::move(name), dtype, std::move(shape), std::vector<std::byte>(n)};
+  std::mt19937_64 rng(std::hash<std::string>{}(t.name) ^ static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull);
+  for (auto& b : t.bytes) b = static_cast<std::byte>(rng());
+  return t;
+}
+
+std::vector<TensorRef> Refs(const std::vector<OwnedTensor>& ts) {
+  std::vector<TensorRef> r;
+  for (const auto& t : ts) r.push_back(t.ref());
+  return r;
+}
+
+std::vector<OwnedTensor> State(int64_t step, size_t n = 6, uint64_t elems = 100'000) {
+  std::vector<OwnedTensor> ts;
+  for (size_t i = 0; i < n; ++i) {
+    ts.push_back(MakeTensor("layer" + std::to_string(i) + "/w", DType::kF32, {elems / 4, 4}, step));
+  }
+  return ts;
+}
+
+void CheckEqual(const RestoredCheckpoint& r, const std::vector<OwnedTensor>& want) {
+  REQUIRE(r.tensors.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    CHECK(r.tensors[i].name == want[i].name);
+    CHECK(r.tensors[i].dtype == want[i].dtype);
+    CHECK(r.tensors[i].shape == want[i].shape);
+    CHECK_MESSAGE(r.tensors[i].bytes == want[i].bytes, "tensor " << want[i].name);
+  }
+}
+
+std::vector<std::string> DirNames(const std::string& root) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root)) {
+    if (e.is_directory()) names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST_CASE("every dtype round-trips bit-exact") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  std::vector<OwnedTensor> ts;
+  for (DType d : format::AllDTypes()) {
+    ts.push_back(MakeTensor(std::string(format::DTypeName(d)), d, {3, 5, 7}, 1));
+  }
+  auto refs = Refs(ts);
+  auto h = m->Save(1, refs, R"({"epoch": 3, "note": "all dtypes"})");
+  REQUIRE_MESSAGE(h.ok(), h.status().ToString());
+  Status s = h->Wait();
+  REQUIRE_MESSAGE(s.ok(), s.ToString());
+  auto r = m->Restore(1);
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  CheckEqual(*r, ts);
+  CHECK(nlohmann::json::parse(r->metadata_json) == nlohmann::json{{"epoch", 3}, {"note", "all dtypes"}});
+}
+
+TEST_CASE("a save returns once the snapshot is taken, so the caller may overwrite its buffers") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  auto ts = State(7);
+  const auto expected = ts;
+  auto refs = Refs(ts);
+  auto h = m->Save(7, refs);
+  REQUIRE(h.ok());
+  for (auto& t : ts) std::fill(t.bytes.begin(), t.bytes.end(), std::byte{0xEE});
+  REQUIRE(h->Wait().ok());
+  auto r = m->Restore();
+  REQUIRE(r.ok());
+  CHECK(r->step == 7);
+  CheckEqual(*r, expected);
+}
+
+TEST_CASE("restore into caller buffers fills them with the saved bytes") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  auto ts = State(3, 4, 300'000);  // tensors span several shards
+  auto refs = Refs(ts);
+  REQUIRE(m->Save(3, refs)->Wait().ok());
+  std::vector<std::vector<std::byte>> bufs;
+  std::vector<MutableTensorRef> targets;
+  for (const auto& t : ts) bufs.emplace_back(t.bytes.size());
+  for (size_t i = 0; i < ts.size(); ++i) targets.push_back({ts[i].name, ts[i].dtype, ts[i].shape, bufs[i].data()});
+  auto step = m->RestoreInto(std::nullopt, targets);
+  REQUIRE_MESSAGE(step.ok(), step.status().ToString());
+  CHECK(*step == 3);
+  for (size_t i = 0; i < ts.size(); ++i) CHECK(bufs[i] == ts[i].bytes);
+}
+
+TEST_CASE("restore into a buffer of the wrong shape names the tensor and both shapes") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  auto ts = State(3, 1, 400);
+  auto refs = Refs(ts);
+  REQUIRE(m->Save(3, refs)->Wait().ok());
+  std::vector<std::byte> buf(ts[0].bytes.size());
+  std::vector<MutableTensorRef> targets{{ts[0].name, DType::kF32, {4, 100}, buf.data()}};
+  auto step = m->RestoreInto(3, targets);
+  CHECK(step.status().code() == StatusCode::kInvalidArgument);
+  CHECK(step.status().message() == "tensor \"layer0/w\": the buffer is F32[4, 100] but step 3 holds F32[100, 4]");
+}
+
+TEST_CASE("zero-size and scalar tensors round-trip") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  std::vector<OwnedTensor> ts{MakeTensor("empty", DType::kF32, {0}, 1), MakeTensor("empty2d", DType::kI64, {3, 0}, 1),
+                              MakeTensor("scalar", DType::kF64, {}, 1), MakeTensor("byte", DType::kU8, {1}, 1)};
+  auto refs = Refs(ts);
+  refs[0].data = nullptr;  // a zero-byte tensor may have no buffer
+  REQUIRE(m->Save(1, refs)->Wait().ok());
+  auto r = m->Restore(1);
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  CheckEqual(*r, ts);
+  CHECK(r->tensors[2].bytes.size() == 8);
+}
+
+TEST_CASE("a checkpoint with no tensors at all commits and restores") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  REQUIRE(m->Save(5, {}, R"({"empty": true})")->Wait().ok());
+  auto r = m->Restore(5);
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  CHECK(r->tensors.empty());
+}
+
+TEST_CASE("borrow mode writes straight from the caller's buffers") {
+  TempDir dir;
+  Options o = SmallOptions();
+  o.snapshot = SnapshotMode::kBorrow;
+  auto m = OpenOrDie(dir.path(), o);
+  auto ts = State(9, 3, 500'000);
+  auto refs = Refs(ts);
+  auto h = m->Save(9, refs);
+  REQUIRE(h.ok());
+  REQUIRE(h->Wait().ok());
+  auto r = m->Restore(9);
+  REQUIRE(r.ok());
+  CheckEqual(*r, ts);
+}
+
+TEST_CASE("saving a step that exists fails unless overwrite is set") {
+  TempDir dir;
+  auto ts = State(1, 2, 1000);
+  auto refs = Refs(ts);
+  {
+    auto m = OpenOrDie(dir.path(), SmallOptions());
+    REQUIRE(m->Save(1, refs)->Wait().ok());
+    auto again = m->Save(1, refs);
+    CHECK(again.status().code() == StatusCode::kAlreadyExists);
+    CHECK(again.status().message() ==
+          "checkpoint step 1 already exists in " + dir.path() + " (set overwrite to replace it)");
+  }
+  Options o = SmallOptions();
+  o.overwrite = true;
+  auto m = OpenOrDie(dir.path(), o);
+  auto ts2 = State(2, 2, 1000);  // different bytes, same step
+  auto refs2 = Refs(ts2);
+  REQUIRE(m->Save(1, refs2)->Wait().ok());
+  auto r = m->Restore(1);
+  REQUIRE(r.ok());
+  CheckEqual(*r, ts2);
+  CHECK(DirNames(dir.path()) == std::vector<std::string>{"checkpoint_1"});
+}
+
+TEST_CASE("bad tensors are refused with the tensor's name") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  std::vector<std::byte> b(16);
+  std::vector<TensorRef> dup{{"a", DType::kF32, {4}, b.data()}, {"a", DType::kF32, {4}, b.data()}};
+  auto r = m->Save(1, dup);
+  CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  CHECK(r.status().message().find("\"a\"") != std::string::npos);
+  std::vector<TensorRef> null_data{{"w", DType::kF32, {4}, nullptr}};
+  CHECK(m->Save(1, null_data).status().message() == "tensor \"w\": data is null but it holds 16 bytes");
+  std::vector<TensorRef> dotdot{{"../evil", DType::kF32, {4}, b.data()}};
+  CHECK(m->Save(1, dotdot).status().code() == StatusCode::kInvalidArgument);
+  CHECK(m->Save(1, {}, "[1, 2]").status().code() == StatusCode::kInvalidArgument);
+  CHECK(m->AllSteps().empty());
+}
+
+TEST_CASE("a state larger than staging memory is refused with both sizes") {
+  TempDir dir;
+  Options o = SmallOptions();
+  o.staging_memory = 2 << 20;
+  auto m = OpenOrDie(dir.path(), o);
+  auto ts = State(1, 4, 300'000);  // 4.8 MB
+  auto refs = Refs(ts);
+  auto r = m->Save(1, refs);
+  CHECK(r.status().code() == StatusCode::kResourceExhausted);
+  CHECK(r.status().message().find("more than staging_memory (2.00 MiB)") != std::string::npos);
+}
+
+TEST_CASE("overlapping saves with keep=2 and keep_every=5 leave exactly the right steps") {
+  TempDir dir;
+  Options o = SmallOptions();
+  o.keep = 2;
+  o.keep_every = 5;
+  o.max_in_flight = 3;
+  auto m = OpenOrDie(dir.path(), o);
+  std::vector<SaveHandle> handles;
+  for (int64_t step = 1; step <= 12; ++step) {
+    auto ts = State(step, 4, 200'000);
+    auto refs = Refs(ts);
+    auto h = m->Save(step, refs);  // issued faster than the disk persists them
+    REQUIRE_MESSAGE(h.ok(), h.status().ToString());
+    handles.push_back(*h);
+  }
+  REQUIRE(m->WaitUntilFinished().ok());
+  for (auto& h : handles) CHECK(h.Wait().ok());
+  CHECK(m->AllSteps() == std::vector<int64_t>{5, 10, 11, 12});
+  CHECK(DirNames(dir.path()) ==
+        std::vector<std::string>{"checkpoint_10", "checkpoint_11", "checkpoint_12", "checkpoint_5"});
+  for (int64_t step : {5, 10, 11, 12}) {
+    auto r = m->Restore(step);
+    REQUIRE(r.ok());
+    CheckEqual(*r, State(step, 4, 200'000));
+  }
+}
+
+TEST_CASE("with on_busy wait, a save that does not fit waits for staging and then commits") {
+  TempDir dir;
+  Options o = SmallOptions();
+  o.staging_memory = 6 << 20;  // room for one 4.8 MB save at a time
+  o.max_in_flight = 4;
+  auto m = OpenOrDie(dir.path(), o);
+  for (int64_t step = 1; step <= 4; ++step) {
+    auto ts = State(step, 4, 300'000);
+    auto refs = Refs(ts);
+    auto h = m->Save(step, refs);
+    REQUIRE(h.ok());
+    CHECK_FALSE(h->skipped());
+  }
+  REQUIRE(m->WaitUntilFinished().ok());
+  CHECK(m->AllSteps() == std::vector<int64_t>{1, 2, 3, 4});
+  CHECK(m->stats().saves_skipped == 0);
+}
+
+TEST_CASE("with on_busy skip, a save that does not fit is dropped and reported") {
+  TempDir dir;
+  Options o = SmallOptions();
+  o.staging_memory = 6 << 20;
+  o.on_busy = OnBusy::kSkip;
+  auto m = OpenOrDie(dir.path(), o);
+  auto ts = State(1, 4, 300'000);
+  auto refs = Refs(ts);
+  auto first = m->Save(1, refs);
+  auto second = m->Save(2, refs);  // staging still holds the first
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  if (!first->done()) {  // the skip is only certain while the first still holds staging
+    CHECK(second->skipped());
+    CHECK(second->Wait().code() == StatusCode::kResourceExhausted);
+    CHECK(second->Wait().message().find("save of step 2 skipped") == 0);
+  }
+  REQUIRE(m->WaitUntilFinished().ok());
+  std::vector<int64_t> steps = m->AllSteps();
+  CHECK(steps.front() == 1);
+  CHECK(m->stats().saves_skipped == (second->skipped() ? 1u : 0u));
+}
+
+TEST_CASE("max_in_flight=1 with on_busy skip skips while a save is in flight") {
+  TempDir dir;
+  Options o = SmallOptions();
+  o.max_in_flight = 1;
+  o.on_busy = OnBusy::kSkip;
+  auto m = OpenOrDie(dir.path(), o);
+  auto ts = State(1, 8, 300'000);
+  auto refs = Refs(ts);
+  auto first = m->Save(1, refs);
+  auto second = m->Save(2, refs);
+  // done is monotonic: if the first is still running now, it was running
+  // during the second Save(), which therefore had to skip.
+  bool first_was_running = !first->done();
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  if (first_was_running) CHECK(second->skipped());
+  REQUIRE(m->WaitUntilFinished().ok());
+  CHECK(m->stats().saves_skipped + m->stats().saves_committed == 2);
+}
+
+TEST_CASE("a flipped byte makes verify fail naming the shard and the tensor") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  auto ts = State(4, 3, 100'000);
+  auto refs = Refs(ts);
+  REQUIRE(m->Save(4, refs)->Wait().ok());
+  auto ok = m->Verify(4);
+  REQUIRE_MESSAGE(ok.ok(), ok.status().ToString());
+  CHECK(ok->tensors == 3);
+  // Flip one byte inside the second tensor's data.
+  const std::string shard = dir / "checkpoint_4/shard-00000.safetensors";
+  auto info = m->Info(4);
+  REQUIRE(info.ok());
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(4096 + 400'000 + 123);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x01;
+    f.seekp(4096 + 400'000 + 123);
+    f.write(&c, 1);
+  }
+  auto bad = m->Verify(4);
+  CHECK(bad.status().code() == StatusCode::kCorruption);
+  CHECK(bad.status().message().find(shard + ": tensor \"layer1/w\"") == 0);
+  CHECK(bad.status().message().find("CRC32C mismatch") != std::string::npos);
+  CHECK(m->Restore(4).status().code() == StatusCode::kCorruption);
+}
+
+TEST_CASE("a truncated shard fails restore with the shard's path and sizes") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  auto ts = State(4, 2, 1000);
+  auto refs = Refs(ts);
+  REQUIRE(m->Save(4, refs)->Wait().ok());
+  const std::string shard = dir / "checkpoint_4/shard-00000.safetensors";
+  uint64_t size = fs::file_size(shard);
+  fs::resize_file(shard, size - 100);
+  auto r = m->Restore(4);
+  CHECK(r.status().code() == StatusCode::kCorruption);
+  CHECK(r.status().message() == shard + ": " + std::to_string(size - 100) + " bytes, but the manifest says " +
+                                    std::to_string(size) + " (truncated)");
+}
+
+TEST_CASE("a hostile manifest naming a shard outside the checkpoint is refused") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  auto ts = State(4, 1, 1000);
+  auto refs = Refs(ts);
+  REQUIRE(m->Save(4, refs)->Wait().ok());
+  const std::string manifest = dir / "checkpoint_4/manifest.json";
+  std::string text = testing::ReadWholeFile(manifest);
+  size_t pos;
+  while ((pos = text.find("shard-00000.safetensors")) != std::string::npos) text.replace(pos, 23, "../../etc/passwd");
+  testing::WriteWholeFile(manifest, text);
+  auto r = m->Restore(4);
+  CHECK(r.status().code() == StatusCode::kCorruption);
+  CHECK(r.status().message().find(manifest) == 0);
+  CHECK(r.status().message().find("../../etc/passwd") != std::string::npos);
+}
+
+TEST_CASE("a second manager on the same root is read-only and names the lock") {
+  TempDir dir;
+  auto writer = OpenOrDie(dir.path(), SmallOptions());
+  auto ts = State(1, 1, 1000);
+  auto refs = Refs(ts);
+  REQUIRE(writer->Save(1, refs)->Wait().ok());
+  auto reader = OpenOrDie(dir.path(), SmallOptions());
+  CHECK(reader->AllSteps() == std::vector<int64_t>{1});
+  CHECK(reader->Restore(1).ok());
+  auto s = reader->Save(2, refs);
+  CHECK(s.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(s.status().message() == "another process is writing checkpoints to " + dir.path() + " (it holds the lock " +
+                                    dir.path() + "/.ckptio.lock)");
+  REQUIRE(writer->Save(2, refs)->Wait().ok());
+  CHECK(reader->AllSteps() == std::vector<int64_t>{1, 2});  // a reader sees new commits
+}
+
+TEST_CASE("opening removes the debris of saves that never committed") {
+  TempDir dir;
+  fs::create_directories(dir / "checkpoint_7.tmp-0123456789abcdef");
+  testing::WriteWholeFile(dir / "checkpoint_7.tmp-0123456789abcdef/shard-00000.safetensors", "partial");
+  fs::create_directories(dir / "unrelated");
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  CHECK(DirNames(dir.path()) == std::vector<std::string>{"unrelated"});
+  CHECK(m->AllSteps().empty());
+}
+
+TEST_CASE("delete removes a committed step and prune applies the keep policy") {
+  TempDir dir;
+  Options o = SmallOptions();
+  auto m = OpenOrDie(dir.path(), o);
+  auto ts = State(1, 1, 1000);
+  auto refs = Refs(ts);
+  for (int64_t step : {10, 20, 30, 40}) REQUIRE(m->Save(step, refs)->Wait().ok());
+  REQUIRE(m->Delete(20).ok());
+  CHECK(m->AllSteps() == std::vector<int64_t>{10, 30, 40});
+  CHECK_FALSE(fs::exists(dir / "checkpoint_20"));
+  CHECK(m->Delete(20).code() == StatusCode::kNotFound);
+  m.reset();
+  o.keep = 1;
+  m = OpenOrDie(dir.path(), o);
+  REQUIRE(m->Prune().ok());
+  CHECK(m->AllSteps() == std::vector<int64_t>{40});
+  CHECK(DirNames(dir.path()) == std::vector<std::string>{"checkpoint_40"});
+}
+
+TEST_CASE("restoring from an empty root says there is no checkpoint") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  CHECK(m->Restore().status().code() == StatusCode::kNotFound);
+  CHECK(m->Restore().status().message() == "no committed checkpoint in " + dir.path());
+  CHECK(m->LatestStep() == std::nullopt);
+}
+
+}  // namespace
+}  // namespace ckptio

@@ -1,0 +1,54 @@
+#pragma once
+// A deterministic trainer state: the bytes of every tensor are a function of
+// (name, step), so a test can check a restored checkpoint without keeping the
+// state, even across processes (crash tests).
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ckptio/tensor.h"
+#include "format/dtype.h"
+
+namespace ckptio::testing {
+
+struct OwnedTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<uint64_t> shape;
+  std::vector<std::byte> bytes;
+  TensorRef ref() const { return {name, dtype, shape, bytes.data()}; }
+};
+
+inline OwnedTensor MakeTensor(std::string name, DType dtype, std::vector<uint64_t> shape, int64_t step) {
+  uint64_t n = format::TensorBytes(dtype, shape).value();
+  OwnedTensor t{std::move(name), dtype, std::move(shape), std::vector<std::byte>(n)};
+  std::mt19937_64 rng(std::hash<std::string>{}(t.name) ^ static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v = rng();
+    std::memcpy(&t.bytes[i], &v, 8);
+  }
+  for (; i < n; ++i) t.bytes[i] = static_cast<std::byte>(rng());
+  return t;
+}
+
+// `count` F32 tensors of `elems` elements each.
+inline std::vector<OwnedTensor> MakeState(int64_t step, size_t count, uint64_t elems) {
+  std::vector<OwnedTensor> ts;
+  for (size_t i = 0; i < count; ++i) {
+    ts.push_back(MakeTensor("layer" + std::to_string(i) + "/w", DType::kF32, {elems / 4, 4}, step));
+  }
+  return ts;
+}
+
+inline std::vector<TensorRef> Refs(const std::vector<OwnedTensor>& ts) {
+  std::vector<TensorRef> r;
+  for (const auto& t : ts) r.push_back(t.ref());
+  return r;
+}
+
+}  // namespace ckptio::testing

@@ -1,0 +1,38 @@
+// crash_saver ROOT [SHARD_BYTES]: saves the deterministic test state
+// (tests/test_state.h) at steps 1, 2, 3, ... forever, keep=3, two saves in
+// flight, until killed. The crash tests SIGKILL it at random moments.
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "ckptio/checkpoint_manager.h"
+#include "test_state.h"
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: crash_saver ROOT\n");
+    return 1;
+  }
+  ckptio::Options o;
+  o.staging_memory = 32 << 20;
+  o.shard_size = 1 << 20;
+  o.keep = 3;
+  o.max_in_flight = 2;
+  o.threads = 2;
+  auto m = ckptio::CheckpointManager::Open(argv[1], o);
+  if (!m.ok()) {
+    std::fprintf(stderr, "%s\n", m.status().ToString().c_str());
+    return 2;
+  }
+  int64_t step = (*m)->LatestStep().value_or(0);
+  for (;;) {
+    ++step;
+    auto state = ckptio::testing::MakeState(step, 6, 200'000);
+    auto refs = ckptio::testing::Refs(state);
+    auto h = (*m)->Save(step, refs);
+    if (!h.ok()) {
+      std::fprintf(stderr, "%s\n", h.status().ToString().c_str());
+      return 2;
+    }
+  }
+}
