@@ -21,6 +21,11 @@ enum class SnapshotMode {
   kBorrow,  // no copy: the caller promises its buffers stay unchanged until the save ends
 };
 
+enum class SnapshotCrc {
+  kBackground,  // CRC32C in a background pass while the shards are written
+  kFused,       // CRC32C during the snapshot copy, while each chunk is in cache
+};
+
 enum class OnBusy {
   kWait,  // a save that does not fit in free staging waits for room (backpressure)
   kSkip,  // such a save is dropped and reported as ResourceExhausted
@@ -32,6 +37,9 @@ struct Options {
   // Max bytes of tensor data per shard file (a larger tensor gets a shard of its own).
   uint64_t shard_size = uint64_t{256} << 20;  // 256 MiB
   SnapshotMode snapshot = SnapshotMode::kCopy;
+  // When copy-mode snapshots compute CRC32C: "background" keeps the trainer's
+  // wait to the copy alone; "fused" saves one pass over memory.
+  SnapshotCrc snapshot_crc = SnapshotCrc::kBackground;
   OnBusy on_busy = OnBusy::kWait;
   // Saves running in the background at once.
   int max_in_flight = 2;

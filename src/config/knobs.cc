@@ -120,6 +120,8 @@ Status CheckHeaders(const std::map<std::string, std::string>& headers) {
 
 constexpr Choice<SnapshotMode> kSnapshotChoices[] = {
     {"\"copy\"", SnapshotMode::kCopy}, {"\"borrow\"", SnapshotMode::kBorrow}};
+constexpr Choice<SnapshotCrc> kSnapshotCrcChoices[] = {
+    {"\"background\"", SnapshotCrc::kBackground}, {"\"fused\"", SnapshotCrc::kFused}};
 constexpr Choice<OnBusy> kOnBusyChoices[] = {
     {"\"wait\"", OnBusy::kWait}, {"\"skip\"", OnBusy::kSkip}};
 constexpr Choice<Options::Io::Direct> kDirectChoices[] = {
@@ -182,6 +184,9 @@ const std::vector<Knob>& Table() {
       Enum<SnapshotMode>(CKPTIO_KNOB(snapshot),
            "\"copy\": copy tensors into staging; \"borrow\": no copy, buffers must stay "
            "unchanged until the save ends.", kSnapshotChoices),
+      Enum<SnapshotCrc>(CKPTIO_KNOB(snapshot_crc),
+           "Copy mode: \"background\" computes CRC32C while shards are written (the trainer waits "
+           "for the copy only); \"fused\" computes it during the copy.", kSnapshotCrcChoices),
       Enum<OnBusy>(CKPTIO_KNOB(on_busy),
            "When a save does not fit in free staging: \"wait\" for room, or \"skip\" the save "
            "and report it.", kOnBusyChoices),

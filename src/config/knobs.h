@@ -88,7 +88,7 @@ struct HeadersSpec {
 };
 
 using Spec = std::variant<GroupSpec, SizeSpec, IntSpec<int>, IntSpec<int64_t>, BoolSpec,
-                          StringSpec, DurationSpec, EnumSpec<SnapshotMode>, EnumSpec<OnBusy>,
+                          StringSpec, DurationSpec, EnumSpec<SnapshotMode>, EnumSpec<SnapshotCrc>, EnumSpec<OnBusy>,
                           EnumSpec<Options::Io::Direct>, HeadersSpec>;
 
 struct Knob {

@@ -215,12 +215,18 @@ void ManagerImpl::TakeSnapshot(SaveJob* job) {
   const SavePlan& plan = job->plan;
   std::vector<Chunk> copy;
   if (!plan.borrow) copy = MakeChunks(plan, job->region, kCopyChunk);
-  // The CRC32C runs in a background pass over staging (or over the borrowed
-  // buffers) while the shards are written: the trainer waits for the copy
-  // alone, which is the figure that matters (DESIGN.md, performance model).
-  CopySnapshot(*pool_, plan, job->region, copy, nullptr);
-  job->crc_chunks = MakeChunks(plan, job->region, kCrcChunk);
-  job->chunk_crc.assign(job->crc_chunks.size(), 0);
+  if (!plan.borrow && options_.snapshot_crc == SnapshotCrc::kFused) {
+    std::vector<uint32_t> crc(copy.size(), 0);
+    CopySnapshot(*pool_, plan, job->region, copy, &crc);
+    job->tensor_crc = CombineChunkCrcs(plan, copy, crc);
+  } else {
+    // By default the CRC32C runs in a background pass over staging (or over
+    // the borrowed buffers) while the shards are written: the trainer waits
+    // for the copy alone, the figure that matters (DESIGN.md).
+    CopySnapshot(*pool_, plan, job->region, copy, nullptr);
+    job->crc_chunks = MakeChunks(plan, job->region, kCrcChunk);
+    job->chunk_crc.assign(job->crc_chunks.size(), 0);
+  }
   job->images = MakeImages(plan, job->region);
   for (storage::FileImage& image : job->images) image.progress = &job->state->bytes_written;
 }
@@ -280,7 +286,9 @@ Task<Status> ManagerImpl::WriteShards(SaveJob* job, storage::CheckpointWriter* w
   auto both = WhenAll(std::move(crcs), std::move(all_writes));
   auto done = co_await std::move(both);
   for (Status& r : std::get<1>(done)) CO_TRY(r);
-  job->tensor_crc = CombineChunkCrcs(job->plan, job->crc_chunks, job->chunk_crc);
+  if (!job->crc_chunks.empty() || job->tensor_crc.empty()) {
+    job->tensor_crc = CombineChunkCrcs(job->plan, job->crc_chunks, job->chunk_crc);
+  }
   co_return Status::Ok();
 }
 
