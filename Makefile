@@ -11,11 +11,13 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 DEMO_ARGS ?=
 
-APT_PACKAGES := g++ make meson ninja-build pkg-config cmake python3 \
+APT_PACKAGES := g++ make meson ninja-build pkg-config cmake python3 python3-venv \
   liburing-dev libcurl4-openssl-dev libssl-dev nlohmann-json3-dev doctest-dev libisal-dev \
   fio
+VENV := .venv
+PYTHON := $(VENV)/bin/python
 
-.PHONY: all deps build build-asan demo test bench clean
+.PHONY: all deps build build-asan demo test bench clean venv
 
 all: build
 
@@ -31,6 +33,14 @@ $(ASAN_BUILD)/build.ninja:
 	meson setup $(ASAN_BUILD) --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false \
 	  -Dcpp_args=-fno-sanitize-recover=undefined
 
+# Python packages for the integration tests (numpy, safetensors, ...), from PyPI.
+$(VENV)/.installed: tests/requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
+	touch $@
+
+venv: deps $(VENV)/.installed
+
 build: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
@@ -40,16 +50,20 @@ build-asan: deps $(ASAN_BUILD)/build.ninja
 demo: build
 	$(BUILD)/src/cli/ckptio demo $(DEMO_ARGS)
 
-test: build build-asan
+test: build build-asan venv
 	@rc=0; \
 	meson test -C $(BUILD) --print-errorlogs --num-processes 2 || rc=1; \
 	meson test -C $(ASAN_BUILD) --print-errorlogs --num-processes 2 || rc=1; \
-	python3 tests/tools/summarize.py $(BUILD) $(ASAN_BUILD) || rc=1; \
+	CKPTIO_BIN=$(BUILD)/src/cli/ckptio $(PYTHON) -m pytest -q tests/integration \
+	  --junitxml=$(BUILD)/pytest.xml -p no:cacheprovider || rc=1; \
+	python3 tests/tools/summarize.py $(BUILD) $(ASAN_BUILD) --junit $(BUILD)/pytest.xml || rc=1; \
 	exit $$rc
 
 bench: build
 	@mkdir -p bench/results
 	$(BUILD)/bench/runtime_bench | tee bench/results/runtime.md
+	$(BUILD)/bench/checkpoint_bench | tee bench/results/checkpoint.md
+	@rm -rf bench/results/tmp
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(VENV)

@@ -1,0 +1,22 @@
+"""Shared fixtures: the ckptio binary under test and a runner for it."""
+import os
+import subprocess
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ckptio_bin():
+    path = os.environ.get("CKPTIO_BIN", "build/src/cli/ckptio")
+    assert os.access(path, os.X_OK), f"ckptio binary not found at {path} (set CKPTIO_BIN)"
+    return os.path.abspath(path)
+
+
+@pytest.fixture
+def run(ckptio_bin):
+    def _run(*args, check=True):
+        p = subprocess.run([ckptio_bin, *map(str, args)], capture_output=True, text=True)
+        if check and p.returncode != 0:
+            raise AssertionError(f"ckptio {' '.join(map(str, args))} exited {p.returncode}: {p.stderr}")
+        return p
+    return _run
