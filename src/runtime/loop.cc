@@ -132,7 +132,11 @@ Loop::~Loop() {
       if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY && r != -ETIME) break;
       io_uring_cqe* cqe;
       unsigned head, n = 0;
-      io_uring_for_each_cqe(&ring_, head, cqe) { ++n; }
+      io_uring_for_each_cqe(&ring_, head, cqe) {
+        ++n;
+        auto* op = static_cast<IoOp*>(io_uring_cqe_get_data(cqe));
+        if (op != nullptr && op->discard != nullptr) op->discard(op);
+      }
       io_uring_cq_advance(&ring_, n);
       in_flight_ -= std::min<size_t>(n, in_flight_);
     }

@@ -40,9 +40,12 @@ namespace ckptio::runtime {
 // An operation in the ring. The loop calls complete(self, res, cqe_flags) on
 // the loop thread when its CQE arrives. REQUIRES: the object stays alive until
 // then, even if it was cancelled (a cancelled op still completes, with
-// -ECANCELED).
+// -ECANCELED). If the loop is destroyed first, it cancels the operation,
+// waits for its CQE and calls `discard` (if set) instead of `complete`: the
+// way for heap-allocated operations nobody awaits to free themselves.
 struct IoOp {
   void (*complete)(IoOp* self, int res, uint32_t cqe_flags) = nullptr;
+  void (*discard)(IoOp* self) = nullptr;
 };
 
 // Work posted to the loop from any thread. Intrusive: the poster keeps the
