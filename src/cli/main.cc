@@ -1,92 +1,112 @@
-// ckptio: the command-line tool. Until the checkpoint layers land, `demo`
-// exercises the runtime: it writes a state-sized file through the io_uring
-// loop with O_DIRECT and several writes in flight, the way shards will go.
+// ckptio: the command-line tool over the checkpoint library; the only main.
+//
+//   ckptio [--config FILE] <command> [args]   see `ckptio --help`
+//
+// A --config given before the command is handed to the command, as if it
+// followed it, so both spellings work.
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <memory>
 #include <string>
+#include <vector>
 
-#include "ckptio/task.h"
-#include "runtime/block_writer.h"
-#include "runtime/io_ops.h"
-#include "runtime/loop.h"
+#include "cli/commands.h"
+#include "cli/common.h"
 
 namespace ckptio::cli {
 namespace {
 
-using runtime::File;
-using runtime::Loop;
+constexpr Command kCommands[] = {
+    {"demo", "simulate a trainer: blocking saves vs ckptio's async saves, then ls and verify", RunDemo},
+    {"save", "commit safetensors files as one checkpoint", RunSave},
+    {"ls", "list the committed checkpoints of a root", RunLs},
+    {"verify", "re-read checkpoints and check every CRC32C", RunVerify},
+    {"export", "write one step as a single safetensors file", RunExport},
+    {"rm", "delete one committed checkpoint", RunRm},
+    {"prune", "delete all but the newest K checkpoints", RunPrune},
+    {"config", "print the default or the effective config (defaults | show)", RunConfig},
+};
 
-constexpr const char* kUsage =
-    "usage: ckptio <command> [options]\n"
-    "\n"
-    "commands:\n"
-    "  demo [--state-size MiB] [--dir DIR]   write a state-sized file through the io_uring loop\n";
-
-Task<Status> WriteState(Loop& loop, std::string dir, const char* data, size_t len) {
-  const std::string tmp = dir + "/state.bin.tmp";
-  const std::string final_path = dir + "/state.bin";
-  CO_ASSIGN_OR_RETURN(File f, co_await loop.OpenAt(AT_FDCWD, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT));
-  CO_TRY(co_await loop.Fallocate(f, 0, 0, len));
-  CO_TRY(co_await runtime::WriteInBlocks(loop, &f, data, len, 0, 4 << 20, 8));
-  CO_TRY(co_await loop.Fsync(f));
-  CO_TRY(co_await loop.Close(f));
-  CO_TRY(co_await loop.RenameAt(AT_FDCWD, tmp, AT_FDCWD, final_path));
-  CO_ASSIGN_OR_RETURN(File d, co_await loop.OpenAt(AT_FDCWD, dir, O_RDONLY | O_DIRECTORY));
-  CO_TRY(co_await loop.Fsync(d));
-  co_return co_await loop.Close(d);
+void PrintTopHelp(std::FILE* out) {
+  std::fputs("usage: ckptio [--config FILE] <command> [args]\n\ncommands:\n", out);
+  for (const Command& c : kCommands) std::fprintf(out, "  %-8s %s\n", c.name, c.summary);
+  std::fputs(
+      "  help     show this list, or `ckptio help COMMAND` for one command\n"
+      "\nglobal flags:\n"
+      "  --config FILE  config file (default: $CKPTIO_CONFIG, else built-in defaults)\n"
+      "  --help         help (after a command: that command's help)\n"
+      "  --version      print the version\n"
+      "\nexit status: 0 ok, 1 bad usage or bad input, 2 I/O or integrity failure\n",
+      out);
 }
 
-int Demo(int argc, char** argv) {
-  size_t mib = 1024;
-  std::string dir = "ckptio-demo";
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--state-size" && i + 1 < argc) {
-      mib = std::strtoull(argv[++i], nullptr, 10);
-    } else if (a == "--dir" && i + 1 < argc) {
-      dir = argv[++i];
+const Command* FindCommand(const std::string& name) {
+  for (const Command& c : kCommands) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+int UnknownCommand(const std::string& name) {
+  return Report(InvalidArgumentError("unknown command \"" + name + "\" (see: ckptio --help)"));
+}
+
+// `ckptio help [COMMAND]`.
+int Help(const std::vector<std::string>& rest) {
+  if (rest.empty()) {
+    PrintTopHelp(stdout);
+    return kExitOk;
+  }
+  const Command* c = FindCommand(rest[0]);
+  if (c == nullptr) return UnknownCommand(rest[0]);
+  const std::string help = "--help";
+  return c->run({&help, 1});
+}
+
+int Main(std::vector<std::string> args) {
+  std::vector<std::string> global;  // --config FILE given before the command
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") return Help({});
+    if (a == "--version") {
+      std::printf("ckptio %s\n", CKPTIO_VERSION);
+      return kExitOk;
+    }
+    if (a == "--config") {
+      if (i + 1 == args.size()) return Report(InvalidArgumentError("--config needs a value (FILE)"));
+      global = {a, args[++i]};
+    } else if (a.rfind("--config=", 0) == 0) {
+      global = {a};
+    } else if (!a.empty() && a[0] == '-') {
+      return Report(InvalidArgumentError("unknown flag " + a + " (see: ckptio --help)"));
     } else {
-      std::fputs(kUsage, stderr);
-      return 1;
+      break;
     }
   }
-  std::filesystem::create_directories(dir);
-  auto loop = Loop::Create();
-  if (!loop.ok()) {
-    std::fprintf(stderr, "ckptio: %s\n", loop.status().message().c_str());
-    return 2;
+  if (i == args.size()) {
+    PrintTopHelp(stderr);
+    return kExitUsage;
   }
-  const size_t len = mib << 20;
-  void* raw = nullptr;
-  if (posix_memalign(&raw, 4096, len) != 0) return 2;
-  std::unique_ptr<char, decltype(&std::free)> buf(static_cast<char*>(raw), &std::free);
-  std::memset(buf.get(), 0x5a, len);
-  auto start = std::chrono::steady_clock::now();
-  Status s = (*loop)->Run(WriteState(**loop, dir, buf.get(), len));
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!s.ok()) {
-    std::fprintf(stderr, "ckptio: %s\n", s.message().c_str());
-    return 2;
-  }
-  std::printf("wrote %zu MiB to %s/state.bin in %.2f s (%.2f GB/s), io_uring %s, %llu SQEs\n", mib,
-              dir.c_str(), secs, len / secs / 1e9, (*loop)->setup_mode(),
-              static_cast<unsigned long long>((*loop)->stats().sqes));
-  return 0;
+  const std::string name = args[i];
+  std::vector<std::string> rest(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+  if (name == "help") return Help(rest);
+  const Command* c = FindCommand(name);
+  if (c == nullptr) return UnknownCommand(name);
+  rest.insert(rest.begin(), global.begin(), global.end());
+  return c->run(rest);
 }
 
 }  // namespace
 }  // namespace ckptio::cli
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && std::strcmp(argv[1], "demo") == 0) return ckptio::cli::Demo(argc - 2, argv + 2);
-  std::fputs(ckptio::cli::kUsage, argc >= 2 && std::strcmp(argv[1], "--help") == 0 ? stdout : stderr);
-  return argc >= 2 && std::strcmp(argv[1], "--help") == 0 ? 0 : 1;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    return ckptio::cli::Main(std::move(args));
+  } catch (const std::exception& e) {
+    // Exceptions are bugs (or allocation failure): say so, exit as a failure.
+    std::fprintf(stderr, "ckptio: internal error: %s\n", e.what());
+    return ckptio::cli::kExitFailure;
+  }
 }

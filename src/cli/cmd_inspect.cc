@@ -1,0 +1,93 @@
+// ckptio ls ROOT
+// ckptio verify ROOT [--step N]
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/inspect.h"
+#include "cli/progress.h"
+
+namespace ckptio::cli {
+namespace {
+
+std::string Plural(size_t n, const char* word) {
+  return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
+}
+
+// `step_width`: digits of the largest step, so the columns line up.
+void PrintInfo(const CheckpointInfo& info, int step_width) {
+  std::printf("step %-*lld  %-20s  %10s  %10s  %12s\n", step_width, static_cast<long long>(info.step),
+              info.created.c_str(),
+              HumanBytes(info.bytes).c_str(), Plural(info.shards, "shard").c_str(),
+              Plural(info.tensors, "tensor").c_str());
+}
+
+// Verifies one step; prints its line or its error.
+int VerifyOne(CheckpointManager& manager, int64_t step) {
+  const Clock::time_point start = Clock::now();
+  ProgressBar bar("verify step " + std::to_string(step));
+  auto report = manager.Verify(step, bar.AsProgressFn());
+  bar.Finish();
+  if (!report.ok()) return Report(report.status().WithContext("step " + std::to_string(step)));
+  std::printf("step %lld: OK, %s in %s\n", static_cast<long long>(step), HumanBytes(report->bytes_read).c_str(),
+              HumanSeconds(SecondsSince(start)).c_str());
+  std::fflush(stdout);
+  return kExitOk;
+}
+
+}  // namespace
+
+int ListSteps(CheckpointManager& manager) {
+  int rc = kExitOk;
+  const std::vector<int64_t> steps = manager.AllSteps();
+  if (steps.empty()) std::fprintf(stderr, "ckptio: no committed checkpoints in %s\n", manager.root().c_str());
+  const int width = steps.empty() ? 1 : static_cast<int>(std::to_string(steps.back()).size());
+  for (int64_t step : steps) {
+    auto info = manager.Info(step);
+    if (info.ok()) {
+      PrintInfo(*info, width);
+    } else {
+      rc = std::max(rc, Report(info.status().WithContext("step " + std::to_string(step))));
+    }
+  }
+  std::fflush(stdout);
+  return rc;
+}
+
+int VerifySteps(CheckpointManager& manager, std::optional<int64_t> step) {
+  if (step) return VerifyOne(manager, *step);
+  const std::vector<int64_t> steps = manager.AllSteps();
+  if (steps.empty()) std::fprintf(stderr, "ckptio: no committed checkpoints in %s\n", manager.root().c_str());
+  int rc = kExitOk;
+  for (int64_t s : steps) rc = std::max(rc, VerifyOne(manager, s));
+  return rc;
+}
+
+int RunLs(CommandArgs argv) {
+  ArgParser parser("ls", "ROOT", "List the committed checkpoints of ROOT, one line per step.");
+  parser.Positional("ROOT", "checkpoint root directory");
+  Args args;
+  if (auto rc = ParseOrExit(parser, argv, &args)) return *rc;
+  auto manager = OpenRootForReading(args);
+  if (!manager.ok()) return Report(manager.status());
+  return ListSteps(**manager);
+}
+
+int RunVerify(CommandArgs argv) {
+  ArgParser parser("verify", "ROOT",
+                   "Re-read every byte of every committed step (or of --step N) and check every CRC32C.\n"
+                   "Exit status 2 if any step fails.");
+  parser.Positional("ROOT", "checkpoint root directory").Flag("step", "N", "verify only step N");
+  Args args;
+  if (auto rc = ParseOrExit(parser, argv, &args)) return *rc;
+  auto step = StepFlag(args);
+  if (!step.ok()) return Report(step.status());
+  auto manager = OpenRootForReading(args);
+  if (!manager.ok()) return Report(manager.status());
+  return VerifySteps(**manager, *step);
+}
+
+}  // namespace ckptio::cli
