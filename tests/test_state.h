@@ -19,13 +19,13 @@ struct OwnedTensor {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<uint64_t> shape;
-  std::vector<std::byte> bytes;
+  Bytes bytes;
   TensorRef ref() const { return {name, dtype, shape, bytes.data()}; }
 };
 
 inline OwnedTensor MakeTensor(std::string name, DType dtype, std::vector<uint64_t> shape, int64_t step) {
   uint64_t n = format::TensorBytes(dtype, shape).value();
-  OwnedTensor t{std::move(name), dtype, std::move(shape), std::vector<std::byte>(n)};
+  OwnedTensor t{std::move(name), dtype, std::move(shape), Bytes(n)};
   std::mt19937_64 rng(std::hash<std::string>{}(t.name) ^ static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {

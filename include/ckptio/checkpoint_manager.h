@@ -59,7 +59,7 @@ class SaveHandle {
   // kept so callers can write code that does not depend on that).
   Status WaitSnapshot() const;
   // Blocks until the save has ended; returns its final status (OK once the
-  // checkpoint is committed durably).
+  // checkpoint is committed durably; pruning older checkpoints follows).
   Status Wait() const;
   bool done() const;
   // The final status, or nullopt while the save is running.
@@ -104,10 +104,17 @@ struct ManagerStats {
 
 class CheckpointManager {
  public:
-  // Opens (creating it if needed) the checkpoint root: a directory path or a
-  // file:// URL. Removes debris of saves that never committed, then allocates
-  // and pre-faults the staging memory in the background.
+  // Opens the checkpoint root for writing: a directory path (created if
+  // needed) or a file:// URL. Takes the root's writer lock (an error names
+  // the lock if another process holds it), removes the debris of saves that
+  // never committed, then allocates staging memory and pre-faults it in the
+  // background.
   static Result<std::unique_ptr<CheckpointManager>> Open(std::string root, Options options = {});
+  // Opens an existing root for reading only: no lock (a trainer may be
+  // writing meanwhile), no staging memory, no clean-up. Save, Delete and
+  // Prune fail with FailedPrecondition. The list of steps is read at open;
+  // Refresh() reads it again.
+  static Result<std::unique_ptr<CheckpointManager>> OpenReadOnly(std::string root, Options options = {});
   // Waits for every save in flight, then stops the loop.
   ~CheckpointManager();
   CheckpointManager(const CheckpointManager&) = delete;
@@ -122,9 +129,12 @@ class CheckpointManager {
   Result<SaveHandle> Save(int64_t step, std::span<const TensorRef> tensors,
                           std::string metadata_json = "{}");
 
-  // Blocks until no save is in flight. Returns the first background failure
-  // not yet reported, if any.
+  // Blocks until no save is in flight (committed and pruned). Returns the
+  // first background failure not yet reported, if any.
   Status WaitUntilFinished();
+  // Blocks until staging memory is resident, so the next save's snapshot
+  // runs at memory speed (the first touch of fresh pages is far slower).
+  void WaitUntilReady();
 
   // Reads checkpoint `step` (latest committed if nullopt), verifying every
   // length, offset and CRC32C.
@@ -133,9 +143,12 @@ class CheckpointManager {
   // the checkpoint). Returns the step read.
   Result<int64_t> RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors);
 
-  // Committed steps, ascending.
+  // Committed steps, ascending: exact for a writer; for a read-only manager,
+  // as of the last listing (Open or Refresh).
   std::vector<int64_t> AllSteps() const;
   std::optional<int64_t> LatestStep() const;
+  // Lists the root again (a reader sees commits made since).
+  Status Refresh();
   Result<CheckpointInfo> Info(int64_t step);
   // Re-reads every byte of a checkpoint and checks every CRC32C and header.
   Result<VerifyReport> Verify(std::optional<int64_t> step = std::nullopt, ProgressFn progress = {});

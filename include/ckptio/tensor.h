@@ -4,7 +4,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckptio/dtype.h"
@@ -29,12 +31,35 @@ struct MutableTensorRef {
   void* data = nullptr;
 };
 
+// An allocator whose value-less construct() leaves memory uninitialized, so
+// a Bytes buffer sized for a restore is not zero-filled first (the read
+// overwrites every byte: zeroing would be one more pass over the checkpoint).
+template <typename T>
+struct NoInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = NoInitAllocator<U>;
+  };
+  NoInitAllocator() = default;
+  template <typename U>
+  NoInitAllocator(const NoInitAllocator<U>&) noexcept {}  // NOLINT: rebinding
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0) {
+      ::new (static_cast<void*>(p)) U;
+    } else {
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
+  }
+};
+using Bytes = std::vector<std::byte, NoInitAllocator<std::byte>>;
+
 // A restored tensor that owns its bytes.
 struct Tensor {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<uint64_t> shape;
-  std::vector<std::byte> bytes;
+  Bytes bytes;
 };
 
 }  // namespace ckptio

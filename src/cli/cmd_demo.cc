@@ -207,7 +207,7 @@ Status Demo(const DemoArgs& a) {
 // `ls` and `verify` of DIR/async, as a user would run them.
 int ShowResult(const DemoArgs& a) {
   const std::string root = a.dir + "/async";
-  auto manager = OpenExistingRoot(root, ReadOnlyOptions(a.options));
+  auto manager = OpenExistingRoot(root, ReadOnlyOptions(a.options), /*read_only=*/true);
   if (!manager.ok()) return Report(manager.status());
   std::printf("\n$ ckptio ls %s\n", root.c_str());
   std::fflush(stdout);

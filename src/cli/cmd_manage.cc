@@ -15,7 +15,9 @@ namespace {
 
 Status Rm(const Args& args) {
   ASSIGN_OR_RETURN(std::optional<int64_t> step, StepFlag(args));  // required: set
-  ASSIGN_OR_RETURN(auto manager, OpenRootForReading(args));
+  ASSIGN_OR_RETURN(Options options, LoadOptions(args));
+  // A writer (it takes the root's lock), with the small staging of a reader.
+  ASSIGN_OR_RETURN(auto manager, OpenExistingRoot(args.positional(0), ReadOnlyOptions(options), /*read_only=*/false));
   RETURN_IF_ERROR(manager->Delete(*step));
   std::printf("deleted step %lld\n", static_cast<long long>(*step));
   return Status::Ok();
@@ -26,7 +28,7 @@ Status Prune(const Args& args) {
   ASSIGN_OR_RETURN(Options options, LoadOptions(args));
   options = ReadOnlyOptions(options);
   options.keep = static_cast<int>(*keep);
-  ASSIGN_OR_RETURN(auto manager, OpenExistingRoot(args.positional(0), options));
+  ASSIGN_OR_RETURN(auto manager, OpenExistingRoot(args.positional(0), options, /*read_only=*/false));
   const std::vector<int64_t> before = manager->AllSteps();
   Status pruned = manager->Prune();
   // What is gone is reported even if a later deletion failed.

@@ -64,7 +64,7 @@ Options ReadOnlyOptions(Options options) {
   return options;
 }
 
-Result<std::unique_ptr<CheckpointManager>> OpenExistingRoot(const std::string& root, Options options) {
+Result<std::unique_ptr<CheckpointManager>> OpenExistingRoot(const std::string& root, Options options, bool read_only) {
   std::string path = root.rfind("file://", 0) == 0 ? root.substr(7) : root;
   if (path.rfind("gs://", 0) != 0 && !path.empty()) {
     struct stat st;
@@ -75,12 +75,13 @@ Result<std::unique_ptr<CheckpointManager>> OpenExistingRoot(const std::string& r
     }
     if (!S_ISDIR(st.st_mode)) return InvalidArgumentError("checkpoint root " + path + " is not a directory");
   }
+  if (read_only) return CheckpointManager::OpenReadOnly(root, std::move(options));
   return CheckpointManager::Open(root, std::move(options));
 }
 
 Result<std::unique_ptr<CheckpointManager>> OpenRootForReading(const Args& args) {
   ASSIGN_OR_RETURN(Options options, LoadOptions(args));
-  return OpenExistingRoot(args.positional(0), ReadOnlyOptions(std::move(options)));
+  return OpenExistingRoot(args.positional(0), ReadOnlyOptions(std::move(options)), /*read_only=*/true);
 }
 
 Result<std::optional<int64_t>> StepFlag(const Args& args) {

@@ -39,12 +39,13 @@ std::optional<int> ParseOrExit(const ArgParser& parser, std::span<const std::str
 Result<Options> LoadOptions(const Args& args);
 
 // For commands that only read or delete checkpoints: no big staging memory
-// (1 MiB, the minimum) and no registered buffers.
+// (1 MiB, the minimum) and no registered buffers. (Whether the manager is a
+// reader or a writer is OpenExistingRoot's read_only.)
 Options ReadOnlyOptions(Options options);
 
-// Opens the checkpoint root `root`, which must exist already: the manager
-// would create a missing directory, which only a save should do.
-Result<std::unique_ptr<CheckpointManager>> OpenExistingRoot(const std::string& root, Options options);
+// Opens the checkpoint root `root`, which must exist already (only a save
+// creates one): read-only (no lock) or as the writer.
+Result<std::unique_ptr<CheckpointManager>> OpenExistingRoot(const std::string& root, Options options, bool read_only);
 
 // The manager of the root named by the first positional, which must exist,
 // with the --config options made read-only (ReadOnlyOptions): for the

@@ -49,7 +49,12 @@ SaveTimings SaveHandle::timings() const {
 }
 
 Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(std::string root, Options options) {
-  ASSIGN_OR_RETURN(auto impl, pipeline::ManagerImpl::Open(std::move(root), std::move(options)));
+  ASSIGN_OR_RETURN(auto impl, pipeline::ManagerImpl::Open(std::move(root), std::move(options), /*read_only=*/false));
+  return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
+}
+
+Result<std::unique_ptr<CheckpointManager>> CheckpointManager::OpenReadOnly(std::string root, Options options) {
+  ASSIGN_OR_RETURN(auto impl, pipeline::ManagerImpl::Open(std::move(root), std::move(options), /*read_only=*/true));
   return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
 }
 
@@ -61,6 +66,8 @@ Result<SaveHandle> CheckpointManager::Save(int64_t step, std::span<const TensorR
   return impl_->Save(step, tensors, std::move(metadata_json));
 }
 Status CheckpointManager::WaitUntilFinished() { return impl_->WaitUntilFinished(); }
+void CheckpointManager::WaitUntilReady() { impl_->WaitUntilReady(); }
+Status CheckpointManager::Refresh() { return impl_->RefreshNow(); }
 Result<RestoredCheckpoint> CheckpointManager::Restore(std::optional<int64_t> step, ProgressFn progress) {
   return impl_->Restore(step, std::move(progress));
 }

@@ -45,7 +45,7 @@ void SaveState::Finish(Status s) {
   cv.notify_all();
 }
 
-Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options options) {
+Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options options, bool read_only) {
   if (root.rfind("file://", 0) == 0) root = root.substr(7);
   if (root.empty()) return InvalidArgumentError("checkpoint root is empty");
   if (root.rfind("gs://", 0) == 0) {
@@ -53,9 +53,16 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
   }
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   std::unique_ptr<ManagerImpl> m(new ManagerImpl(root, std::move(options)));
+  m->read_only_ = read_only;
   m->pool_ = std::make_unique<runtime::CpuPool>(static_cast<size_t>(std::max(m->options_.threads, 0)));
   ASSIGN_OR_RETURN(m->loop_thread_, runtime::LoopThread::Start());
-  RETURN_IF_ERROR(m->loop().BlockOn(m->OpenStorage()));
+  RETURN_IF_ERROR(m->loop().BlockOn(m->OpenStorage(/*create=*/!read_only)));
+  if (read_only) {
+    RETURN_IF_ERROR(m->loop().BlockOn(m->Refresh(/*remove_debris=*/false)));
+    return m;
+  }
+  RETURN_IF_ERROR(m->loop().BlockOn(m->LockTask()));
+  RETURN_IF_ERROR(m->loop().BlockOn(m->Refresh(/*remove_debris=*/true)));
   runtime::Loop* loop = &m->loop();
   StagingPool::PrefaultedFn on_prefaulted;
   if (m->options_.io.register_buffers) {
@@ -71,15 +78,12 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
     };
   }
   ASSIGN_OR_RETURN(m->staging_, StagingPool::Create(m->options_.staging_memory, std::move(on_prefaulted)));
-  // A root another process is writing to opens read-only: saves then fail
-  // with the lock error, listing and restoring work.
-  if (!m->EnsureWritable().ok()) RETURN_IF_ERROR(m->loop().BlockOn(m->Refresh(/*remove_debris=*/false)));
   return m;
 }
 
-Task<Status> ManagerImpl::OpenStorage() {
+Task<Status> ManagerImpl::OpenStorage(bool create) {
   storage::LocalOptions lo{options_.io.direct, options_.io.block_size, options_.io.queue_depth};
-  CO_ASSIGN_OR_RETURN(storage_, co_await storage::OpenLocalStorage(loop(), *pool_, root_, lo));
+  CO_ASSIGN_OR_RETURN(storage_, co_await storage::OpenLocalStorage(loop(), *pool_, root_, lo, create));
   co_return Status::Ok();
 }
 
@@ -102,13 +106,15 @@ Task<void> ManagerImpl::CloseStorage() {
 
 Task<Status> ManagerImpl::LockTask() { co_return storage_->LockForWriting(); }
 
-Status ManagerImpl::EnsureWritable() {
-  std::lock_guard guard(writable_mu_);
-  if (writable_) return Status::Ok();
-  RETURN_IF_ERROR(loop().BlockOn(LockTask()));
-  RETURN_IF_ERROR(loop().BlockOn(Refresh(/*remove_debris=*/true)));
-  writable_ = true;
-  return Status::Ok();
+Status ManagerImpl::CheckWritable(std::string_view what) const {
+  if (!read_only_) return Status::Ok();
+  return FailedPreconditionError("cannot " + std::string(what) + ": " + root_ + " was opened read-only");
+}
+
+Status ManagerImpl::RefreshNow() { return loop().BlockOn(Refresh(/*remove_debris=*/false)); }
+
+void ManagerImpl::WaitUntilReady() {
+  if (staging_) staging_->WaitPrefaulted();
 }
 
 Task<Status> ManagerImpl::Refresh(bool remove_debris) {
@@ -162,13 +168,13 @@ Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> te
     return InvalidArgumentError("save of step " + std::to_string(step) + ": metadata must be a JSON object, got: " +
                                 metadata_json.substr(0, 80));
   }
+  RETURN_IF_ERROR(CheckWritable("save step " + std::to_string(step)));
   ASSIGN_OR_RETURN(job->plan, PlanSave(step, tensors, options_));
   if (job->plan.staging_bytes > staging_->capacity()) {
     return ResourceExhaustedError("save of step " + std::to_string(step) + " needs " +
                                   FormatBytes(job->plan.staging_bytes) + " of staging memory, more than staging_memory (" +
                                   FormatBytes(staging_->capacity()) + "): raise staging_memory or use snapshot \"borrow\"");
   }
-  RETURN_IF_ERROR(EnsureWritable());
   {
     std::unique_lock lock(mu_);
     if (!pending_error_.ok()) {
@@ -250,18 +256,19 @@ Task<void> ManagerImpl::RunSave(std::shared_ptr<SaveJob> job) {
   }
   job->ended.Set();
   job->previous.reset();
-  if (s.ok()) {
+  {
+    std::lock_guard lock(job->state->mu);
+    job->state->timings.persist_seconds = SecondsSince(job->snapshot_end);
+  }
+  const bool committed = s.ok();
+  job->state->Finish(std::move(s));  // the caller waits for the commit, not for pruning
+  if (committed) {
     Status p = co_await PruneNow();
     if (!p.ok()) {
       std::lock_guard lock(mu_);
       if (pending_error_.ok()) pending_error_ = std::move(p);
     }
   }
-  {
-    std::lock_guard lock(job->state->mu);
-    job->state->timings.persist_seconds = SecondsSince(job->snapshot_end);
-  }
-  job->state->Finish(std::move(s));
   {
     std::lock_guard lock(mu_);
     --in_flight_;
@@ -350,10 +357,6 @@ Status ManagerImpl::WaitUntilFinished() {
 }
 
 Result<int64_t> ManagerImpl::PinStep(std::optional<int64_t> step) {
-  {
-    std::lock_guard guard(writable_mu_);
-    if (!writable_) RETURN_IF_ERROR(loop().BlockOn(Refresh(/*remove_debris=*/false)));
-  }
   std::lock_guard lock(mu_);
   if (!step) {
     if (committed_.empty()) return NotFoundError("no committed checkpoint in " + root_);
@@ -384,7 +387,7 @@ Task<Result<RestoredCheckpoint>> ManagerImpl::RestoreTask(int64_t step, const Pr
   out.tensors.reserve(c.manifest.tensors.size());
   for (size_t i = 0; i < c.manifest.tensors.size(); ++i) {
     const format::ManifestTensor& t = c.manifest.tensors[i];
-    out.tensors.push_back({t.name, t.dtype, t.shape, std::vector<std::byte>(t.bytes)});
+    out.tensors.push_back({t.name, t.dtype, t.shape, Bytes(t.bytes)});
     indices.push_back(i);
     dsts.push_back(reinterpret_cast<char*>(out.tensors.back().bytes.data()));
   }
@@ -434,27 +437,34 @@ Result<int64_t> ManagerImpl::RestoreInto(std::optional<int64_t> step, std::span<
   return s;
 }
 
-std::vector<int64_t> ManagerImpl::AllSteps() {
-  {
-    std::lock_guard guard(writable_mu_);
-    if (!writable_) loop().BlockOn(Refresh(/*remove_debris=*/false)).IgnoreError();
-  }
+std::vector<int64_t> ManagerImpl::AllSteps() const {
   std::lock_guard lock(mu_);
   return {committed_.begin(), committed_.end()};
 }
 
-std::optional<int64_t> ManagerImpl::LatestStep() {
+std::optional<int64_t> ManagerImpl::LatestStep() const {
   std::vector<int64_t> all = AllSteps();
   if (all.empty()) return std::nullopt;
   return all.back();
 }
 
+Task<Result<format::Manifest>> ManagerImpl::ReadManifest(int64_t step) {
+  const std::string path = root_ + "/" + StepName(step) + "/manifest.json";
+  CO_ASSIGN_OR_RETURN(std::string bytes,
+                      co_await storage_->ReadSmallFile(StepName(step), "manifest.json", format::kMaxManifestBytes));
+  CO_ASSIGN_OR_RETURN(format::Manifest m, format::ParseManifest(path, bytes));
+  if (m.step != step) {
+    co_return CorruptionError(path + ": says step " + std::to_string(m.step) + ", but the directory is step " +
+                              std::to_string(step));
+  }
+  co_return std::move(m);
+}
+
 Result<CheckpointInfo> ManagerImpl::Info(int64_t step) {
-  auto read = [](ManagerImpl* self, int64_t s) -> Task<Result<std::string>> {
-    co_return co_await self->storage_->ReadSmallFile(self->StepName(s), "manifest.json", format::kMaxManifestBytes);
-  };
-  ASSIGN_OR_RETURN(std::string bytes, loop().BlockOn(read(this, step)));
-  ASSIGN_OR_RETURN(format::Manifest m, format::ParseManifest(root_ + "/" + StepName(step) + "/manifest.json", bytes));
+  ASSIGN_OR_RETURN(int64_t s, PinStep(step));
+  auto read = loop().BlockOn(ReadManifest(s));
+  Unpin(s);
+  ASSIGN_OR_RETURN(format::Manifest m, std::move(read));
   CheckpointInfo info;
   info.step = m.step;
   info.created = m.created;
@@ -465,24 +475,27 @@ Result<CheckpointInfo> ManagerImpl::Info(int64_t step) {
   return info;
 }
 
-Task<Result<uint64_t>> ManagerImpl::VerifyTask(int64_t step, const ProgressFn* progress) {
+Task<Result<VerifyReport>> ManagerImpl::VerifyTask(int64_t step, const ProgressFn* progress) {
   CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenCheckpoint(storage_.get(), StepName(step)));
-  co_return co_await VerifyAll(pool_.get(), &c, progress);
+  if (c.manifest.step != step) {
+    co_return CorruptionError(c.path + "/manifest.json: says step " + std::to_string(c.manifest.step) +
+                              ", but the directory is step " + std::to_string(step));
+  }
+  CO_ASSIGN_OR_RETURN(uint64_t bytes, co_await VerifyAll(pool_.get(), &c, progress));
+  co_return VerifyReport{step, bytes, c.manifest.tensors.size(), c.manifest.shards.size()};
 }
 
 Result<VerifyReport> ManagerImpl::Verify(std::optional<int64_t> step, ProgressFn progress) {
   ASSIGN_OR_RETURN(int64_t s, PinStep(step));
   auto r = loop().BlockOn(VerifyTask(s, &progress));
   Unpin(s);
-  ASSIGN_OR_RETURN(uint64_t bytes, std::move(r));
-  ASSIGN_OR_RETURN(CheckpointInfo info, Info(s));
-  return VerifyReport{s, bytes, info.tensors, info.shards};
+  return r;
 }
 
 Task<Status> ManagerImpl::DeleteTask(int64_t step) { co_return co_await storage_->Remove(StepName(step)); }
 
 Status ManagerImpl::Delete(int64_t step) {
-  RETURN_IF_ERROR(EnsureWritable());
+  RETURN_IF_ERROR(CheckWritable("delete step " + std::to_string(step)));
   {
     std::lock_guard lock(mu_);
     if (in_flight_steps_.count(step) != 0) {
@@ -500,7 +513,7 @@ Status ManagerImpl::Delete(int64_t step) {
 }
 
 Status ManagerImpl::Prune() {
-  RETURN_IF_ERROR(EnsureWritable());
+  RETURN_IF_ERROR(CheckWritable("prune"));
   return loop().BlockOn(PruneNow());
 }
 

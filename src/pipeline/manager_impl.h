@@ -65,15 +65,17 @@ struct SaveJob {
 
 class ManagerImpl {
  public:
-  static Result<std::unique_ptr<ManagerImpl>> Open(std::string root, Options options);
+  static Result<std::unique_ptr<ManagerImpl>> Open(std::string root, Options options, bool read_only);
   ~ManagerImpl();
 
   Result<SaveHandle> Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json);
   Status WaitUntilFinished();
+  void WaitUntilReady();
+  Status RefreshNow();
   Result<RestoredCheckpoint> Restore(std::optional<int64_t> step, ProgressFn progress);
   Result<int64_t> RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors);
-  std::vector<int64_t> AllSteps();
-  std::optional<int64_t> LatestStep();
+  std::vector<int64_t> AllSteps() const;
+  std::optional<int64_t> LatestStep() const;
   Result<CheckpointInfo> Info(int64_t step);
   Result<VerifyReport> Verify(std::optional<int64_t> step, ProgressFn progress);
   Status Delete(int64_t step);
@@ -88,8 +90,8 @@ class ManagerImpl {
   runtime::Loop& loop() { return loop_thread_->loop(); }
   std::string StepName(int64_t step) const { return options_.prefix + std::to_string(step); }
 
-  // Takes the root's writer lock and clears debris, once.
-  Status EnsureWritable();
+  // FailedPrecondition if this manager was opened read-only.
+  Status CheckWritable(std::string_view what) const;
   // Re-reads the committed steps; with `remove_debris`, deletes leftovers of
   // saves that never committed.
   Task<Status> Refresh(bool remove_debris);
@@ -106,11 +108,12 @@ class ManagerImpl {
   Task<Status> PruneNow();
   Task<Result<RestoredCheckpoint>> RestoreTask(int64_t step, const ProgressFn* progress);
   Task<Status> RestoreIntoTask(int64_t step, std::span<const MutableTensorRef> tensors);
-  Task<Result<uint64_t>> VerifyTask(int64_t step, const ProgressFn* progress);
+  Task<Result<VerifyReport>> VerifyTask(int64_t step, const ProgressFn* progress);
+  Task<Result<format::Manifest>> ReadManifest(int64_t step);
   Task<Status> DeleteTask(int64_t step);
   Task<Status> LockTask();
   Task<void> CloseStorage();
-  Task<Status> OpenStorage();
+  Task<Status> OpenStorage(bool create);
 
   Options options_;
   std::string root_;
@@ -120,12 +123,11 @@ class ManagerImpl {
   std::unique_ptr<StagingPool> staging_;
   runtime::AsyncSemaphore prune_lock_{1};      // loop thread only
 
-  std::mutex writable_mu_;
-  bool writable_ = false;  // guarded by writable_mu_; never reset
+  bool read_only_ = false;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;  // a save ended or staging was released
-  std::set<int64_t> committed_;
+  std::set<int64_t> committed_;  // as of the last listing, plus our own commits
   std::set<int64_t> in_flight_steps_;
   std::multiset<int64_t> readers_;
   int in_flight_ = 0;  // admitted saves not yet ended (commit and prune)

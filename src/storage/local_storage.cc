@@ -345,16 +345,22 @@ Task<Status> LocalWriter::Abort() {
 }  // namespace
 
 Task<Result<std::unique_ptr<Storage>>> OpenLocalStorage(Loop& loop, runtime::CpuPool& pool, std::string root,
-                                                        LocalOptions options) {
+                                                        LocalOptions options, bool create) {
   while (root.size() > 1 && root.back() == '/') root.pop_back();
-  auto mkdirs = [root]() -> Status {
-    std::error_code ec;
-    std::filesystem::create_directories(root, ec);
-    if (ec) return ErrnoToStatus(ec.value(), "create directory", root);
-    return Status::Ok();
-  };
-  CO_TRY(co_await pool.Run(mkdirs));
-  CO_ASSIGN_OR_RETURN(File dir, co_await loop.OpenAt(AT_FDCWD, root, O_RDONLY | O_DIRECTORY));
+  if (create) {
+    auto mkdirs = [root]() -> Status {
+      std::error_code ec;
+      std::filesystem::create_directories(root, ec);
+      if (ec) return ErrnoToStatus(ec.value(), "create directory", root);
+      return Status::Ok();
+    };
+    CO_TRY(co_await pool.Run(mkdirs));
+  }
+  auto opened = co_await loop.OpenAt(AT_FDCWD, root, O_RDONLY | O_DIRECTORY);
+  if (!opened.ok() && opened.status().code() == StatusCode::kNotFound) {
+    co_return NotFoundError("checkpoint root " + root + " does not exist");
+  }
+  CO_ASSIGN_OR_RETURN(File dir, std::move(opened));
   co_return std::unique_ptr<Storage>(new LocalStorage(loop, pool, root, std::move(dir), options));
 }
 

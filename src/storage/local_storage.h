@@ -31,9 +31,10 @@ struct LocalOptions {
   int queue_depth = 8;  // writes in flight across all files of this storage
 };
 
-// Opens (creating it and its parents if needed) the directory `root`.
+// Opens the directory `root`, creating it and its parents if `create`
+// (else NotFound names a missing root).
 Task<Result<std::unique_ptr<Storage>>> OpenLocalStorage(runtime::Loop& loop, runtime::CpuPool& pool,
-                                                        std::string root, LocalOptions options);
+                                                        std::string root, LocalOptions options, bool create);
 
 // The marker of in-flight or half-removed checkpoint directories.
 inline constexpr const char* kTmpMarker = ".tmp-";

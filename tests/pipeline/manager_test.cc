@@ -43,13 +43,13 @@ struct OwnedTensor {
   std::string name;
   DType dtype;
   std::vector<uint64_t> shape;
-  std::vector<std::byte> bytes;
+  Bytes bytes;
   TensorRef ref() const { return {name, dtype, shape, bytes.data()}; }
 };
 
 OwnedTensor MakeTensor(std::string name, DType dtype, std::vector<uint64_t> shape, int64_t step) {
   uint64_t n = format::TensorBytes(dtype, shape).value();
-  OwnedTensor t{std::move(name), dtype, std::move(shape), std::vector<std::byte>(n)};
+  OwnedTensor t{std::move(name), dtype, std::move(shape), Bytes(n)};
   std::mt19937_64 rng(std::hash<std::string>{}(t.name) ^ static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull);
   for (auto& b : t.bytes) b = static_cast<std::byte>(rng());
   return t;
@@ -128,7 +128,7 @@ TEST_CASE("restore into caller buffers fills them with the saved bytes") {
   auto ts = State(3, 4, 300'000);  // tensors span several shards
   auto refs = Refs(ts);
   REQUIRE(m->Save(3, refs)->Wait().ok());
-  std::vector<std::vector<std::byte>> bufs;
+  std::vector<Bytes> bufs;
   std::vector<MutableTensorRef> targets;
   for (const auto& t : ts) bufs.emplace_back(t.bytes.size());
   for (size_t i = 0; i < ts.size(); ++i) targets.push_back({ts[i].name, ts[i].dtype, ts[i].shape, bufs[i].data()});
@@ -390,21 +390,40 @@ TEST_CASE("a hostile manifest naming a shard outside the checkpoint is refused")
   CHECK(r.status().message().find("../../etc/passwd") != std::string::npos);
 }
 
-TEST_CASE("a second manager on the same root is read-only and names the lock") {
+TEST_CASE("a second writer on the same root is refused, naming the lock") {
+  TempDir dir;
+  auto writer = OpenOrDie(dir.path(), SmallOptions());
+  auto second = CheckpointManager::Open(dir.path(), SmallOptions());
+  CHECK(second.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(second.status().message() == "another process is writing checkpoints to " + dir.path() +
+                                         " (it holds the lock " + dir.path() + "/.ckptio.lock)");
+}
+
+TEST_CASE("a read-only manager reads while a writer writes, and sees new commits after Refresh") {
   TempDir dir;
   auto writer = OpenOrDie(dir.path(), SmallOptions());
   auto ts = State(1, 1, 1000);
   auto refs = Refs(ts);
   REQUIRE(writer->Save(1, refs)->Wait().ok());
-  auto reader = OpenOrDie(dir.path(), SmallOptions());
-  CHECK(reader->AllSteps() == std::vector<int64_t>{1});
-  CHECK(reader->Restore(1).ok());
-  auto s = reader->Save(2, refs);
+  auto reader = CheckpointManager::OpenReadOnly(dir.path(), SmallOptions());
+  REQUIRE_MESSAGE(reader.ok(), reader.status().ToString());
+  CHECK((*reader)->AllSteps() == std::vector<int64_t>{1});
+  CHECK((*reader)->Restore(1).ok());
+  auto s = (*reader)->Save(2, refs);
   CHECK(s.status().code() == StatusCode::kFailedPrecondition);
-  CHECK(s.status().message() == "another process is writing checkpoints to " + dir.path() + " (it holds the lock " +
-                                    dir.path() + "/.ckptio.lock)");
+  CHECK(s.status().message() == "cannot save step 2: " + dir.path() + " was opened read-only");
   REQUIRE(writer->Save(2, refs)->Wait().ok());
-  CHECK(reader->AllSteps() == std::vector<int64_t>{1, 2});  // a reader sees new commits
+  CHECK((*reader)->AllSteps() == std::vector<int64_t>{1});
+  REQUIRE((*reader)->Refresh().ok());
+  CHECK((*reader)->AllSteps() == std::vector<int64_t>{1, 2});
+}
+
+TEST_CASE("opening a missing root read-only fails and does not create it") {
+  TempDir dir;
+  auto reader = CheckpointManager::OpenReadOnly(dir / "missing", SmallOptions());
+  CHECK(reader.status().code() == StatusCode::kNotFound);
+  CHECK(reader.status().message() == "checkpoint root " + (dir / "missing") + " does not exist");
+  CHECK_FALSE(fs::exists(dir / "missing"));
 }
 
 TEST_CASE("opening removes the debris of saves that never committed") {

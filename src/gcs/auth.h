@@ -1,0 +1,94 @@
+#pragma once
+// Credentials for the GCS JSON API, found the way Google's own clients find
+// them:
+//   1. STORAGE_EMULATOR_HOST set: an emulator, no credentials;
+//   2. GOOGLE_APPLICATION_CREDENTIALS names a JSON file: a service-account
+//      key (an RS256 JWT signed with OpenSSL, exchanged at its token_uri) or
+//      an authorized-user refresh token;
+//   3. otherwise the metadata server (GCE_METADATA_HOST, default
+//      metadata.google.internal), with the header Metadata-Flavor: Google.
+// Tokens are cached, refreshed a minute before they expire, and one refresh
+// is shared by every request that needs it. Tokens, keys and refresh tokens
+// never appear in a log line or an error message.
+//
+// Threads: loop thread only.
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "ckptio/options.h"
+#include "ckptio/status.h"
+#include "ckptio/task.h"
+#include "http/http_client.h"
+#include "runtime/async_sync.h"
+#include "runtime/loop.h"
+
+namespace ckptio::gcs {
+
+class AuthProvider {
+ public:
+  virtual ~AuthProvider() = default;
+  // The header line to send ("Authorization: Bearer ..."), or "" for none.
+  virtual Task<Result<std::string>> Header() = 0;
+  // A request was refused with 401: forget the cached token.
+  virtual void Invalidate() = 0;
+  // What kind of credentials, and whose; no secrets.
+  virtual std::string Describe() const = 0;
+  // Tokens fetched so far (tests check refresh and sharing).
+  virtual int tokens_fetched() const { return 0; }
+};
+
+// A provider that caches an OAuth2 access token and refreshes it.
+class TokenAuth : public AuthProvider {
+ public:
+  TokenAuth(runtime::Loop& loop, http::HttpClient& http, Options::Gcs::Retry retry)
+      : loop_(loop), http_(http), retry_(retry) {}
+  Task<Result<std::string>> Header() final;
+  void Invalidate() final { token_.clear(); }
+  int tokens_fetched() const final { return fetched_; }
+
+ protected:
+  struct Token {
+    std::string access_token;
+    std::chrono::seconds expires_in{0};
+  };
+  // One attempt at a token; retried by Header() when the failure is transient.
+  virtual Task<Result<Token>> Fetch() = 0;
+  // Parses {"access_token": ..., "expires_in": ...} from a token endpoint.
+  static Result<Token> ParseTokenResponse(const http::Response& r, const std::string& what);
+
+  runtime::Loop& loop_;
+  http::HttpClient& http_;
+
+ private:
+  Task<Status> Refresh();
+
+  Options::Gcs::Retry retry_;
+  std::string token_;
+  std::chrono::steady_clock::time_point refresh_at_;
+  bool refreshing_ = false;
+  runtime::AsyncEvent refreshed_;
+  Status last_error_;
+  int fetched_ = 0;
+};
+
+// Chooses credentials from the environment (see the file comment).
+// `emulator` is true when STORAGE_EMULATOR_HOST is in use.
+Result<std::unique_ptr<AuthProvider>> MakeAuth(runtime::Loop& loop, http::HttpClient& http,
+                                               const Options::Gcs& options, bool emulator);
+
+// The pieces, for tests.
+Result<std::unique_ptr<AuthProvider>> ServiceAccountAuth(runtime::Loop& loop, http::HttpClient& http,
+                                                         const Options::Gcs& options, const std::string& json,
+                                                         const std::string& source);
+Result<std::unique_ptr<AuthProvider>> AuthorizedUserAuth(runtime::Loop& loop, http::HttpClient& http,
+                                                         const Options::Gcs& options, const std::string& json,
+                                                         const std::string& source);
+std::unique_ptr<AuthProvider> MetadataServerAuth(runtime::Loop& loop, http::HttpClient& http,
+                                                 const Options::Gcs& options, std::string host);
+
+// base64url without padding, as JWTs use it.
+std::string Base64Url(std::string_view bytes);
+
+}  // namespace ckptio::gcs

@@ -1,0 +1,44 @@
+#pragma once
+// Which failures are worth retrying, and how long to wait before the next try.
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <string_view>
+
+#include "ckptio/options.h"
+#include "ckptio/status.h"
+#include "http/http_client.h"
+
+namespace ckptio::gcs {
+
+struct Outcome {
+  Status status;           // OK for 2xx and 308
+  bool retryable = false;  // 408, 429, 5xx, resets, timeouts
+  bool unauthorized = false;  // 401: refresh the token once and try again
+};
+
+// The one function that turns an HTTP result into a Status and a verdict.
+// `what` names the operation and object ("upload gs://b/o"); the message
+// adds the HTTP status and the server's own error message, never a header.
+Outcome Classify(const Result<http::Response>& result, std::string_view what);
+
+// Capped exponential backoff with full jitter, bounded by attempts and a
+// deadline. Not thread-safe; one per operation.
+class Backoff {
+ public:
+  explicit Backoff(const Options::Gcs::Retry& policy);
+  // True if another attempt is allowed; sets *delay to wait first.
+  bool Next(std::chrono::milliseconds* delay);
+  int attempts() const { return attempts_; }
+  // Why Next() said no, to append to the last error.
+  std::string Exhausted() const;
+
+ private:
+  Options::Gcs::Retry policy_;
+  std::chrono::steady_clock::time_point start_;
+  int attempts_ = 1;  // the first attempt is made before any Next()
+  std::mt19937_64 rng_;
+};
+
+}  // namespace ckptio::gcs
