@@ -54,7 +54,7 @@ test: build build-asan venv
 	@rc=0; \
 	meson test -C $(BUILD) --print-errorlogs --num-processes 2 || rc=1; \
 	meson test -C $(ASAN_BUILD) --print-errorlogs --num-processes 2 || rc=1; \
-	CKPTIO_BIN=$(BUILD)/src/cli/ckptio $(PYTHON) -m pytest -q tests/integration \
+	CKPTIO_BIN=$(BUILD)/src/cli/ckptio $(PYTHON) -m pytest -q tests/integration tests/gcs \
 	  --junitxml=$(BUILD)/pytest.xml -p no:cacheprovider || rc=1; \
 	python3 tests/tools/summarize.py $(BUILD) $(ASAN_BUILD) --junit $(BUILD)/pytest.xml || rc=1; \
 	exit $$rc

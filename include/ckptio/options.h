@@ -100,6 +100,8 @@ struct Options {
     std::string user_project;
     // "1.1" or "2".
     std::string http_version = "1.1";
+    // PEM file of CA certificates to trust for https; empty = the system's.
+    std::string ca_file;
     friend bool operator==(const Gcs&, const Gcs&) = default;
   } gcs;
 

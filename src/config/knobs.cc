@@ -240,6 +240,8 @@ const std::vector<Knob>& Table() {
              "Bill requests to this project (requester-pays buckets); empty = none.",
              CheckNoControlChars),
       String(CKPTIO_KNOB(gcs.http_version), "HTTP version: \"1.1\" or \"2\".", CheckHttpVersion),
+      String(CKPTIO_KNOB(gcs.ca_file), "PEM file of CA certificates to trust for https; empty = the system's.",
+             CheckNoControlChars),
 
       Group("preemption", "Preemptible machines."),
       Bool(CKPTIO_KNOB(preemption.on_sigterm), "Save and exit when SIGTERM arrives."),

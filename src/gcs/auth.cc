@@ -11,6 +11,7 @@
 
 #include "gcs/gcs_url.h"
 #include "gcs/retry.h"
+#include "runtime/io_ops.h"
 
 namespace ckptio::gcs {
 namespace {

@@ -70,6 +70,7 @@ Status CurlCodeToStatus(int code, std::string_view what, std::string_view error_
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
     case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_SEND_FAIL_REWIND:
       return UnavailableError(std::move(m));
     case CURLE_OPERATION_TIMEDOUT:
       return DeadlineExceededError(std::move(m));
@@ -125,6 +126,7 @@ class HttpClient::Impl {
   static int OnSeek(void* userp, curl_off_t offset, int origin);
   static size_t OnWrite(char* data, size_t size, size_t n, void* userp);
   static size_t OnHeader(char* data, size_t size, size_t n, void* userp);
+  static int OnProgress(void* userp, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow);
 
   void Arm(SocketState* s);
   void Act(curl_socket_t fd, int ev_bitmask);
@@ -146,6 +148,11 @@ struct HttpClient::Impl::Transfer {
   uint64_t body_size = 0;
   uint64_t read_pos = 0;   // request body bytes handed to curl
   bool overflow = false;   // the response did not fit response_buffer
+  bool stalled = false;    // aborted: no byte moved for stall_timeout
+  curl_off_t last_up = -1;
+  curl_off_t last_down = -1;
+  std::chrono::steady_clock::time_point last_progress;
+  std::chrono::milliseconds stall_timeout{0};
   CURLcode result = CURLE_OK;
   std::coroutine_handle<> waiter;
 };
@@ -348,11 +355,15 @@ size_t HttpClient::Impl::OnRead(char* buf, size_t size, size_t n, void* userp) {
   return copied;
 }
 
+// curl rewinds a request body only to send it again on its own, e.g. when a
+// reused connection dies mid-request. That would hide the failure from the
+// caller, who knows better: a resumable upload asks the server what it kept
+// and resends only the rest. So refuse, and let the request fail
+// (CURLE_SEND_FAIL_REWIND, reported as Unavailable).
 int HttpClient::Impl::OnSeek(void* userp, curl_off_t offset, int origin) {
   auto* t = static_cast<Transfer*>(userp);
-  if (origin != SEEK_SET || offset < 0 || static_cast<uint64_t>(offset) > t->body_size) return CURL_SEEKFUNC_FAIL;
-  t->read_pos = static_cast<uint64_t>(offset);
-  return CURL_SEEKFUNC_OK;
+  if (origin == SEEK_SET && offset == 0 && t->read_pos == 0) return CURL_SEEKFUNC_OK;  // nothing sent yet
+  return CURL_SEEKFUNC_CANTSEEK;
 }
 
 size_t HttpClient::Impl::OnWrite(char* data, size_t size, size_t n, void* userp) {
@@ -388,6 +399,26 @@ size_t HttpClient::Impl::OnHeader(char* data, size_t size, size_t n, void* userp
   return size * n;
 }
 
+// curl's own low-speed check averages over a window of several seconds, so a
+// burst (a chunk swallowed by the socket buffer) hides a stall behind it. We
+// time the last byte moved ourselves; curl calls this at least once a second
+// while the low-speed options are set.
+int HttpClient::Impl::OnProgress(void* userp, curl_off_t, curl_off_t dlnow, curl_off_t, curl_off_t ulnow) {
+  auto* t = static_cast<Transfer*>(userp);
+  auto now = std::chrono::steady_clock::now();
+  if (dlnow != t->last_down || ulnow != t->last_up) {
+    t->last_down = dlnow;
+    t->last_up = ulnow;
+    t->last_progress = now;
+    return 0;
+  }
+  if (now - t->last_progress >= t->stall_timeout) {
+    t->stalled = true;
+    return 1;  // abort: CURLE_ABORTED_BY_CALLBACK
+  }
+  return 0;
+}
+
 // ---- requests ----
 
 Status HttpClient::Impl::Configure(Transfer* t) {
@@ -410,6 +441,11 @@ Status HttpClient::Impl::Configure(Transfer* t) {
   long stall_s = std::max<long>(1, static_cast<long>((options_.stall_timeout.count() + 999) / 1000));
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, stall_s);
+  t->stall_timeout = options_.stall_timeout;
+  t->last_progress = std::chrono::steady_clock::now();
+  curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, &Impl::OnProgress);
+  curl_easy_setopt(e, CURLOPT_XFERINFODATA, t);
+  curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(e, CURLOPT_HTTP_VERSION,
                    options_.http_version == "2"
                        ? (r.url.rfind("https:", 0) == 0 ? CURL_HTTP_VERSION_2TLS : CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE)
@@ -459,6 +495,10 @@ Task<Result<Response>> HttpClient::Impl::Send(Request request) {
     if (t.overflow) {
       co_return CorruptionError(what + ": the response body is longer than the " +
                                 std::to_string(request.response_capacity) + " bytes expected");
+    }
+    if (t.stalled) {
+      co_return DeadlineExceededError(what + ": stalled: no byte moved for " +
+                                      std::to_string(options_.stall_timeout.count()) + " ms");
     }
     co_return CurlCodeToStatus(t.result, what, t.error);
   }

@@ -11,6 +11,7 @@
 #include "pipeline/retention.h"
 #include "pipeline/snapshot.h"
 #include "runtime/spawn.h"
+#include "storage/gcs_storage.h"
 #include "storage/local_storage.h"
 
 namespace ckptio::pipeline {
@@ -48,9 +49,6 @@ void SaveState::Finish(Status s) {
 Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options options, bool read_only) {
   if (root.rfind("file://", 0) == 0) root = root.substr(7);
   if (root.empty()) return InvalidArgumentError("checkpoint root is empty");
-  if (root.rfind("gs://", 0) == 0) {
-    return UnimplementedError("gs:// roots are not supported yet (the GCS backend is not built): " + root);
-  }
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   std::unique_ptr<ManagerImpl> m(new ManagerImpl(root, std::move(options)));
   m->read_only_ = read_only;
@@ -82,6 +80,10 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
 }
 
 Task<Status> ManagerImpl::OpenStorage(bool create) {
+  if (root_.rfind("gs://", 0) == 0) {
+    CO_ASSIGN_OR_RETURN(storage_, co_await storage::OpenGcsStorage(loop(), root_, options_.gcs));
+    co_return Status::Ok();
+  }
   storage::LocalOptions lo{options_.io.direct, options_.io.block_size, options_.io.queue_depth};
   CO_ASSIGN_OR_RETURN(storage_, co_await storage::OpenLocalStorage(loop(), *pool_, root_, lo, create));
   co_return Status::Ok();
@@ -225,6 +227,7 @@ void ManagerImpl::TakeSnapshot(SaveJob* job) {
     std::vector<uint32_t> crc(copy.size(), 0);
     CopySnapshot(*pool_, plan, job->region, copy, &crc);
     job->tensor_crc = CombineChunkCrcs(plan, copy, crc);
+    job->crc_fused = true;
   } else {
     // By default the CRC32C runs in a background pass over staging (or over
     // the borrowed buffers) while the shards are written: the trainer waits
@@ -234,7 +237,24 @@ void ManagerImpl::TakeSnapshot(SaveJob* job) {
     job->chunk_crc.assign(job->crc_chunks.size(), 0);
   }
   job->images = MakeImages(plan, job->region);
-  for (storage::FileImage& image : job->images) image.progress = &job->state->bytes_written;
+  // Each shard's whole-file CRC32C lands in shard_crc once crc_ready is set
+  // (a remote store sends it with an upload's last bytes).
+  job->shard_crc.assign(plan.shards.size(), 0);
+  for (size_t i = 0; i < job->images.size(); ++i) {
+    job->images[i].progress = &job->state->bytes_written;
+    job->images[i].crc32c = &job->shard_crc[i];
+    job->images[i].crc_ready = &job->crc_ready;
+  }
+}
+
+Task<void> ManagerImpl::ComputeCrcs(SaveJob* job) {
+  if (!job->crc_fused) {
+    co_await ComputeChunkCrcs(*pool_, &job->crc_chunks, &job->chunk_crc, pool_->size());
+    job->tensor_crc = CombineChunkCrcs(job->plan, job->crc_chunks, job->chunk_crc);
+  }
+  std::vector<uint32_t> shard = ShardCrcs(job->plan, job->tensor_crc);
+  std::copy(shard.begin(), shard.end(), job->shard_crc.begin());  // in place: images point here
+  job->crc_ready.Set();
 }
 
 Task<void> ManagerImpl::RunSave(std::shared_ptr<SaveJob> job) {
@@ -288,14 +308,11 @@ Task<Status> ManagerImpl::WriteShards(SaveJob* job, storage::CheckpointWriter* w
   std::vector<Task<Status>> writes;
   for (const storage::FileImage& image : job->images) writes.push_back(writer->WriteFile(&image));
   // Named before the co_await (g++ 12 and temporaries, see STYLE.md).
-  Task<void> crcs = ComputeChunkCrcs(*pool_, &job->crc_chunks, &job->chunk_crc, pool_->size());
+  Task<void> crcs = ComputeCrcs(job);
   Task<std::vector<Status>> all_writes = WhenAll(std::move(writes));
   auto both = WhenAll(std::move(crcs), std::move(all_writes));
   auto done = co_await std::move(both);
   for (Status& r : std::get<1>(done)) CO_TRY(r);
-  if (!job->crc_chunks.empty() || job->tensor_crc.empty()) {
-    job->tensor_crc = CombineChunkCrcs(job->plan, job->crc_chunks, job->chunk_crc);
-  }
   co_return Status::Ok();
 }
 
@@ -308,7 +325,7 @@ Task<Status> ManagerImpl::Persist(SaveJob* job) {
   ReleaseStaging(job);
   std::string manifest_json;
   if (s.ok()) {
-    format::Manifest m = MakeManifest(job->plan, job->tensor_crc, ShardCrcs(job->plan, job->tensor_crc), job->metadata);
+    format::Manifest m = MakeManifest(job->plan, job->tensor_crc, job->shard_crc, job->metadata);
     s = format::ValidateManifest(StepName(step) + "/manifest.json", m);
     if (s.ok()) manifest_json = format::SerializeManifest(m);
   }

@@ -56,7 +56,10 @@ struct SaveJob {
   char* region = nullptr;
   std::vector<Chunk> crc_chunks;  // checksummed in the background if not empty
   std::vector<uint32_t> chunk_crc;
+  bool crc_fused = false;            // tensor_crc came with the snapshot copy
   std::vector<uint32_t> tensor_crc;  // filled by the fused snapshot or from chunk_crc
+  std::vector<uint32_t> shard_crc;   // whole-file CRCs, valid once crc_ready is set
+  runtime::AsyncEvent crc_ready;
   std::vector<storage::FileImage> images;
   std::shared_ptr<SaveJob> previous;  // committed before this one
   runtime::AsyncEvent ended;          // set when committed or failed
@@ -104,6 +107,7 @@ class ManagerImpl {
   Task<void> RunSave(std::shared_ptr<SaveJob> job);
   Task<Status> Persist(SaveJob* job);
   Task<Status> WriteShards(SaveJob* job, storage::CheckpointWriter* writer);
+  Task<void> ComputeCrcs(SaveJob* job);
   void ReleaseStaging(SaveJob* job);
   Task<Status> PruneNow();
   Task<Result<RestoredCheckpoint>> RestoreTask(int64_t step, const ProgressFn* progress);

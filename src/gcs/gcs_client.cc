@@ -1,0 +1,389 @@
+#include "gcs/gcs_client.h"
+
+#include <algorithm>
+#include <charconv>
+#include <nlohmann/json.hpp>
+
+#include "format/crc32c.h"
+#include "gcs/gcs_url.h"
+#include "gcs/retry.h"
+#include "runtime/io_ops.h"
+
+namespace ckptio::gcs {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr uint64_t kChunkQuantum = 256 * 1024;  // GCS: non-final chunks are multiples of this
+
+uint64_t ToU64(const Json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer()) return static_cast<uint64_t>(std::max<int64_t>(0, v.get<int64_t>()));
+  if (v.is_string()) {
+    uint64_t out = 0;
+    const std::string& s = v.get_ref<const std::string&>();
+    std::from_chars(s.data(), s.data() + s.size(), out);
+    return out;
+  }
+  return 0;
+}
+
+Result<ObjectMeta> ParseObject(const Json& j, const std::string& what) {
+  if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) {
+    return UnavailableError(what + ": the server's answer is not an object resource");
+  }
+  ObjectMeta m;
+  m.name = j["name"].get<std::string>();
+  if (j.contains("size")) m.size = ToU64(j["size"]);
+  if (j.contains("generation")) m.generation = static_cast<int64_t>(ToU64(j["generation"]));
+  if (j.contains("crc32c") && j["crc32c"].is_string()) {
+    auto crc = format::Crc32cFromBase64(j["crc32c"].get<std::string>());
+    if (crc.ok()) m.crc32c = *crc;
+  }
+  return m;
+}
+
+Result<ObjectMeta> ParseObjectBody(const http::Response& r, const std::string& what) {
+  Json j = Json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+  return ParseObject(j, what);
+}
+
+// "bytes=0-N" -> N + 1; no header -> 0 (nothing persisted).
+uint64_t CommittedBytes(const http::Response& r) {
+  std::string_view range = r.Header("range");
+  size_t dash = range.find('-');
+  if (range.rfind("bytes=", 0) != 0 || dash == std::string_view::npos) return 0;
+  uint64_t last = 0;
+  std::from_chars(range.data() + dash + 1, range.data() + range.size(), last);
+  return last + 1;
+}
+
+// The crc32c in an x-goog-hash header ("crc32c=AAAAAA==,md5=...").
+std::optional<uint32_t> GoogHashCrc(std::string_view h) {
+  size_t p = h.find("crc32c=");
+  if (p == std::string_view::npos) return std::nullopt;
+  std::string_view v = h.substr(p + 7);
+  v = v.substr(0, v.find(','));
+  auto crc = format::Crc32cFromBase64(v);
+  if (!crc.ok()) return std::nullopt;
+  return *crc;
+}
+
+// The pieces of `source` covering [offset, offset + len).
+std::vector<http::BodyPiece> Slice(const UploadSource* source, uint64_t offset, uint64_t len) {
+  std::vector<http::BodyPiece> out;
+  uint64_t base = 0;
+  for (const http::BodyPiece& p : source->pieces) {
+    uint64_t end = base + p.len;
+    if (end > offset && base < offset + len) {
+      uint64_t from = std::max(base, offset);
+      uint64_t to = std::min(end, offset + len);
+      out.push_back({p.data + (from - base), static_cast<size_t>(to - from)});
+    }
+    base = end;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string GsUrl(const std::string& bucket, const std::string& name) { return "gs://" + bucket + "/" + name; }
+
+GcsClient::GcsClient(runtime::Loop& loop, http::HttpClient& http, AuthProvider& auth, std::string endpoint,
+                     Options::Gcs options)
+    : loop_(loop), http_(http), auth_(auth), endpoint_(std::move(endpoint)), options_(std::move(options)) {
+  while (!endpoint_.empty() && endpoint_.back() == '/') endpoint_.pop_back();
+}
+
+std::string GcsClient::ObjectUrl(const std::string& bucket, const std::string& name) const {
+  return endpoint_ + "/storage/v1/b/" + UrlEncode(bucket) + "/o/" + UrlEncode(name);
+}
+
+std::string GcsClient::WithUserProject(std::string url) const {
+  if (options_.user_project.empty()) return url;
+  url += url.find('?') == std::string::npos ? '?' : '&';
+  return url + "userProject=" + UrlEncode(options_.user_project);
+}
+
+Task<Status> GcsClient::Authorize(http::Request* r) {
+  auto header = co_await auth_.Header();
+  if (!header.ok()) co_return header.status().WithContext("cannot authenticate to GCS with " + auth_.Describe());
+  if (!header->empty()) r->headers.push_back(std::move(*header));
+  for (const auto& [k, v] : options_.headers) r->headers.push_back(k + ": " + v);
+  co_return Status::Ok();
+}
+
+Task<Result<http::Response>> GcsClient::Call(std::string what, const std::function<http::Request()>& make) {
+  Backoff backoff(options_.retry);
+  bool refreshed = false;
+  for (;;) {
+    http::Request r = make();
+    CO_TRY(co_await Authorize(&r));
+    ++stats_.requests;
+    auto resp = co_await http_.Send(std::move(r));
+    Outcome o = Classify(resp, what);
+    if (o.status.ok()) co_return resp;
+    if (o.unauthorized && !refreshed) {
+      auth_.Invalidate();  // one fresh token, then a 401 is final
+      refreshed = true;
+      continue;
+    }
+    std::chrono::milliseconds delay{0};
+    if (!o.retryable) co_return o.status;
+    if (!backoff.Next(&delay)) co_return std::move(o.status).WithContext(backoff.Exhausted());
+    ++stats_.retries;
+    Status slept = co_await loop_.Sleep(delay);
+    slept.IgnoreError();
+  }
+}
+
+Task<Result<std::string>> GcsClient::StartSession(const std::string& bucket, const std::string& name,
+                                                  const UploadSource* source, const std::string& what) {
+  std::string url = WithUserProject(endpoint_ + "/upload/storage/v1/b/" + UrlEncode(bucket) +
+                                    "/o?uploadType=resumable&name=" + UrlEncode(name));
+  auto make = [&url, source] {
+    http::Request r;
+    r.method = "POST";
+    r.url = url;
+    r.headers = {"Content-Type: application/json; charset=UTF-8", "X-Upload-Content-Type: application/octet-stream",
+                 "X-Upload-Content-Length: " + std::to_string(source->size)};
+    r.body = "{}";
+    return r;
+  };
+  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call("start " + what, make));
+  std::string_view location = resp.Header("location");
+  if (location.empty()) co_return UnavailableError("start " + what + ": the answer has no Location header");
+  co_return std::string(location);
+}
+
+Task<Result<http::Response>> GcsClient::SendChunk(const std::string& session, const UploadSource* source,
+                                                  uint64_t offset, uint64_t len, bool last) {
+  http::Request r;
+  r.method = "PUT";
+  r.url = session;
+  std::string range = len == 0 ? "bytes */" : "bytes " + std::to_string(offset) + "-" + std::to_string(offset + len - 1) + "/";
+  r.headers = {"Content-Type: application/octet-stream",
+               "Content-Range: " + range + (last ? std::to_string(source->size) : "*")};
+  if (last && source->crc32c != nullptr) {
+    r.headers.push_back("x-goog-hash: crc32c=" + format::Crc32cToBase64(*source->crc32c));
+  }
+  r.pieces = Slice(source, offset, len);
+  CO_TRY(co_await Authorize(&r));
+  ++stats_.requests;
+  stats_.bytes_uploaded += len;
+  co_return co_await http_.Send(std::move(r));
+}
+
+Task<Result<http::Response>> GcsClient::QuerySession(const std::string& session, uint64_t total) {
+  http::Request r;
+  r.method = "PUT";
+  r.url = session;
+  r.headers = {"Content-Range: bytes */" + std::to_string(total)};
+  CO_TRY(co_await Authorize(&r));
+  ++stats_.requests;
+  co_return co_await http_.Send(std::move(r));
+}
+
+Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name, const UploadSource* source) {
+  const std::string what = "upload " + GsUrl(bucket, name);
+  const uint64_t chunk = std::max(kChunkQuantum, options_.chunk_size / kChunkQuantum * kChunkQuantum);
+  Backoff backoff(options_.retry);
+  std::string session;
+  uint64_t committed = 0;  // bytes the server has persisted
+  uint64_t sent_end = 0;   // end of what we have sent so far
+  bool refreshed = false;
+  for (;;) {
+    if (session.empty()) {
+      CO_ASSIGN_OR_RETURN(session, co_await StartSession(bucket, name, source, what));
+      committed = 0;
+    }
+    // Send from `committed` until done or a failure.
+    Outcome failure;
+    Result<http::Response> resp = UnavailableError("no request sent");
+    for (;;) {
+      uint64_t len = std::min(chunk, source->size - committed);
+      bool last = committed + len == source->size;
+      if (last && source->crc_ready != nullptr) co_await source->crc_ready->Wait();
+      if (committed < sent_end) stats_.bytes_resent += std::min(sent_end, committed + len) - committed;
+      resp = co_await SendChunk(session, source, committed, len, last);
+      sent_end = std::max(sent_end, committed + len);
+      failure = Classify(resp, what);
+      if (!failure.status.ok()) break;
+      if (resp->status != 308) break;  // 200/201: the object exists
+      committed = CommittedBytes(*resp);
+      if (source->progress != nullptr) source->progress->store(committed, std::memory_order_relaxed);
+    }
+    // Either finished, or failed: query the session to learn what it has.
+    while (failure.status.ok() == false) {
+      if (failure.unauthorized && !refreshed) {
+        auth_.Invalidate();
+        refreshed = true;
+      } else if (resp.ok() && (resp->status == 404 || resp->status == 410)) {
+        ++stats_.sessions_restarted;  // the session expired or vanished: start over
+        session.clear();
+        break;
+      } else {
+        std::chrono::milliseconds delay{0};
+        if (!failure.retryable) co_return failure.status;
+        if (!backoff.Next(&delay)) co_return std::move(failure.status).WithContext(backoff.Exhausted());
+        ++stats_.retries;
+        Status slept = co_await loop_.Sleep(delay);
+        slept.IgnoreError();
+      }
+      resp = co_await QuerySession(session, source->size);
+      failure = Classify(resp, what);
+      if (failure.status.ok() && resp->status == 308) {
+        committed = CommittedBytes(*resp);
+        break;  // resend from there
+      }
+    }
+    if (session.empty() || (resp.ok() && resp->status == 308)) continue;
+    // 200/201: done. Check the server's CRC32C against ours.
+    CO_ASSIGN_OR_RETURN(ObjectMeta meta, ParseObjectBody(*resp, what));
+    if (source->crc32c != nullptr && meta.crc32c && *meta.crc32c != *source->crc32c) {
+      co_return CorruptionError(what + ": the server stored CRC32C " + format::Crc32cToHex(*meta.crc32c) +
+                                " but the data has " + format::Crc32cToHex(*source->crc32c));
+    }
+    if (meta.size != source->size) {
+      co_return CorruptionError(what + ": the server stored " + std::to_string(meta.size) + " bytes of " +
+                                std::to_string(source->size));
+    }
+    if (source->progress != nullptr) source->progress->store(source->size, std::memory_order_relaxed);
+    co_return meta;
+  }
+}
+
+Task<Result<ObjectMeta>> GcsClient::UploadSmall(std::string bucket, std::string name, std::string body,
+                                                std::optional<int64_t> if_generation_match) {
+  const std::string what = "upload " + GsUrl(bucket, name);
+  std::string url = endpoint_ + "/upload/storage/v1/b/" + UrlEncode(bucket) + "/o?uploadType=media&name=" +
+                    UrlEncode(name);
+  if (if_generation_match) url += "&ifGenerationMatch=" + std::to_string(*if_generation_match);
+  url = WithUserProject(std::move(url));
+  const uint32_t crc = format::Crc32c(body.data(), body.size());
+  int attempts = 0;
+  auto make = [&] {
+    ++attempts;
+    http::Request r;
+    r.method = "POST";
+    r.url = url;
+    r.headers = {"Content-Type: application/octet-stream", "x-goog-hash: crc32c=" + format::Crc32cToBase64(crc)};
+    r.pieces = {{body.data(), body.size()}};
+    return r;
+  };
+  auto resp = co_await Call(what, make);
+  if (!resp.ok() && resp.status().code() == StatusCode::kAlreadyExists && attempts > 1) {
+    // A retry after a lost answer finds the object our first attempt made:
+    // it is ours if its bytes are.
+    auto meta = co_await Stat(bucket, name);
+    if (meta.ok() && meta->crc32c == crc && meta->size == body.size()) co_return meta;
+  }
+  if (!resp.ok()) co_return resp.status();
+  co_return ParseObjectBody(*resp, what);
+}
+
+Task<Result<ObjectMeta>> GcsClient::Stat(std::string bucket, std::string name) {
+  const std::string what = "stat " + GsUrl(bucket, name);
+  std::string url = WithUserProject(ObjectUrl(bucket, name));
+  auto make = [&url] {
+    http::Request r;
+    r.url = url;
+    return r;
+  };
+  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make));
+  co_return ParseObjectBody(resp, what);
+}
+
+Task<Status> GcsClient::Read(std::string bucket, std::string name, uint64_t offset, size_t len, char* dst,
+                             uint64_t object_size) {
+  if (len == 0) co_return Status::Ok();
+  const std::string what = "read " + GsUrl(bucket, name);
+  std::string url = WithUserProject(ObjectUrl(bucket, name) + "?alt=media");
+  const bool whole = offset == 0 && len == object_size;
+  auto make = [&] {
+    http::Request r;
+    r.url = url;
+    if (!whole) r.headers = {"Range: bytes=" + std::to_string(offset) + "-" + std::to_string(offset + len - 1)};
+    r.response_buffer = dst;
+    r.response_capacity = len;
+    return r;
+  };
+  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make));
+  if (resp.body_bytes != len) {
+    co_return CorruptionError(what + ": wanted " + std::to_string(len) + " bytes at offset " + std::to_string(offset) +
+                              ", got " + std::to_string(resp.body_bytes));
+  }
+  if (whole) {
+    if (auto expected = GoogHashCrc(resp.Header("x-goog-hash"))) {
+      uint32_t got = format::Crc32c(dst, len);
+      if (got != *expected) {
+        co_return CorruptionError(what + ": the bytes read have CRC32C " + format::Crc32cToHex(got) +
+                                  ", the server says " + format::Crc32cToHex(*expected));
+      }
+    }
+  }
+  co_return Status::Ok();
+}
+
+Task<Result<std::string>> GcsClient::ReadAll(std::string bucket, std::string name, uint64_t max_bytes) {
+  CO_ASSIGN_OR_RETURN(ObjectMeta meta, co_await Stat(bucket, name));
+  if (meta.size > max_bytes) {
+    co_return CorruptionError(GsUrl(bucket, name) + ": " + std::to_string(meta.size) + " bytes, more than the " +
+                              std::to_string(max_bytes) + " allowed");
+  }
+  std::string out(meta.size, '\0');
+  CO_TRY(co_await Read(bucket, name, 0, out.size(), out.data(), meta.size));
+  co_return out;
+}
+
+Task<Result<ListResult>> GcsClient::List(std::string bucket, std::string prefix, std::string delimiter,
+                                         int page_size) {
+  const std::string what = "list " + GsUrl(bucket, prefix);
+  ListResult out;
+  std::string page_token;
+  do {
+    std::string url = endpoint_ + "/storage/v1/b/" + UrlEncode(bucket) + "/o?prefix=" + UrlEncode(prefix) +
+                      "&maxResults=" + std::to_string(page_size);
+    if (!delimiter.empty()) url += "&delimiter=" + UrlEncode(delimiter);
+    if (!page_token.empty()) url += "&pageToken=" + UrlEncode(page_token);
+    url = WithUserProject(std::move(url));
+    auto make = [&url] {
+      http::Request r;
+      r.url = url;
+      return r;
+    };
+    CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make));
+    Json j = Json::parse(resp.body, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) co_return UnavailableError(what + ": the answer is not a JSON object");
+    if (j.contains("items") && j["items"].is_array()) {
+      for (const Json& item : j["items"]) {
+        CO_ASSIGN_OR_RETURN(ObjectMeta m, ParseObject(item, what));
+        out.objects.push_back(std::move(m));
+      }
+    }
+    if (j.contains("prefixes") && j["prefixes"].is_array()) {
+      for (const Json& p : j["prefixes"]) {
+        if (p.is_string()) out.prefixes.push_back(p.get<std::string>());
+      }
+    }
+    page_token = j.contains("nextPageToken") && j["nextPageToken"].is_string() ? j["nextPageToken"].get<std::string>()
+                                                                                 : "";
+    ++out.pages;
+  } while (!page_token.empty());
+  co_return out;
+}
+
+Task<Status> GcsClient::Delete(std::string bucket, std::string name) {
+  std::string url = WithUserProject(ObjectUrl(bucket, name));
+  auto make = [&url] {
+    http::Request r;
+    r.method = "DELETE";
+    r.url = url;
+    return r;
+  };
+  auto resp = co_await Call("delete " + GsUrl(bucket, name), make);
+  if (!resp.ok() && resp.status().code() != StatusCode::kNotFound) co_return resp.status();
+  co_return Status::Ok();
+}
+
+}  // namespace ckptio::gcs

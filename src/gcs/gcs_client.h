@@ -1,0 +1,117 @@
+#pragma once
+// GcsClient: the GCS JSON API calls ckptio needs, with retries.
+//
+// Every call retries 408, 429, 5xx, connection resets and timeouts with
+// capped exponential backoff and full jitter (gcs.retry), refreshes the token
+// once after a 401, and fails fast on anything else with the server's own
+// error message. Uploads of large objects are resumable: chunks of
+// gcs.chunk_size, and after any failure the session is queried and only the
+// bytes the server does not have are sent again.
+//
+// Threads: loop thread only. Buffers stay owned by the caller until the call
+// finishes.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckptio/options.h"
+#include "ckptio/status.h"
+#include "ckptio/task.h"
+#include "gcs/auth.h"
+#include "http/http_client.h"
+#include "runtime/async_sync.h"
+#include "runtime/loop.h"
+
+namespace ckptio::gcs {
+
+struct ObjectMeta {
+  std::string name;
+  uint64_t size = 0;
+  std::optional<uint32_t> crc32c;
+  int64_t generation = 0;
+};
+
+struct ListResult {
+  std::vector<ObjectMeta> objects;
+  std::vector<std::string> prefixes;  // with the delimiter, when one was given
+  int pages = 0;
+};
+
+struct GcsStats {
+  uint64_t requests = 0;
+  uint64_t retries = 0;
+  uint64_t bytes_uploaded = 0;     // chunk bytes sent, including resends
+  uint64_t bytes_resent = 0;       // of which sent again after a failure
+  uint64_t sessions_restarted = 0;  // 404/410 on a session
+};
+
+// The bytes of an object to upload: pieces in order (the caller's buffers).
+struct UploadSource {
+  std::vector<http::BodyPiece> pieces;
+  uint64_t size = 0;
+  // The object's CRC32C, valid once *crc_ready is set (null: already valid,
+  // or crc32c null for none). Sent with the last chunk for the server to
+  // check; the CRC the server computed is checked against it.
+  const uint32_t* crc32c = nullptr;
+  runtime::AsyncEvent* crc_ready = nullptr;
+  std::atomic<uint64_t>* progress = nullptr;  // bytes acknowledged so far
+};
+
+class GcsClient {
+ public:
+  // endpoint: "https://storage.googleapis.com" or an emulator's URL.
+  GcsClient(runtime::Loop& loop, http::HttpClient& http, AuthProvider& auth, std::string endpoint,
+            Options::Gcs options);
+
+  // A resumable upload (any size; a one-request upload when it fits a chunk).
+  Task<Result<ObjectMeta>> Upload(std::string bucket, std::string name, const UploadSource* source);
+  // A small object in one request; if_generation_match=0 makes it fail with
+  // AlreadyExists if the object exists (the commit of a manifest).
+  Task<Result<ObjectMeta>> UploadSmall(std::string bucket, std::string name, std::string body,
+                                       std::optional<int64_t> if_generation_match);
+  // NotFound if there is no such object.
+  Task<Result<ObjectMeta>> Stat(std::string bucket, std::string name);
+  // Reads [offset, offset+len) into dst. A read of the whole object is
+  // checked against the x-goog-hash the server sends.
+  Task<Status> Read(std::string bucket, std::string name, uint64_t offset, size_t len, char* dst,
+                    uint64_t object_size);
+  // Reads a whole object of at most max_bytes.
+  Task<Result<std::string>> ReadAll(std::string bucket, std::string name, uint64_t max_bytes);
+  // Every page of objects under prefix (page_size objects per request).
+  Task<Result<ListResult>> List(std::string bucket, std::string prefix, std::string delimiter,
+                                int page_size = 1000);
+  // Deletes an object; one that does not exist counts as deleted.
+  Task<Status> Delete(std::string bucket, std::string name);
+
+  const GcsStats& stats() const { return stats_; }
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  struct Attempt;
+  // Sends a request built by `make` with retries; `what` names it in errors.
+  Task<Result<http::Response>> Call(std::string what, const std::function<http::Request()>& make);
+  Task<Result<std::string>> StartSession(const std::string& bucket, const std::string& name,
+                                         const UploadSource* source, const std::string& what);
+  Task<Result<http::Response>> SendChunk(const std::string& session, const UploadSource* source,
+                                         uint64_t offset, uint64_t len, bool last);
+  Task<Result<http::Response>> QuerySession(const std::string& session, uint64_t total);
+  Task<Status> Authorize(http::Request* r);
+  std::string ObjectUrl(const std::string& bucket, const std::string& name) const;
+  std::string WithUserProject(std::string url) const;
+
+  runtime::Loop& loop_;
+  http::HttpClient& http_;
+  AuthProvider& auth_;
+  std::string endpoint_;
+  Options::Gcs options_;
+  GcsStats stats_;
+};
+
+// gs://bucket/name for messages.
+std::string GsUrl(const std::string& bucket, const std::string& name);
+
+}  // namespace ckptio::gcs

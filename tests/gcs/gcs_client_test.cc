@@ -1,0 +1,350 @@
+// GcsClient against a real GCS emulator (gcp-storage-emulator from PyPI)
+// behind our fault-injecting proxy; run under tests/gcs/with_gcs.py.
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ckptio/when_all.h"
+#include "format/crc32c.h"
+#include "gcs/auth.h"
+#include "gcs/gcs_client.h"
+#include "gcs_test_util.h"
+#include "runtime/io_ops.h"
+
+namespace ckptio::gcs {
+namespace {
+
+using testing::Env;
+using testing::ProxyControl;
+using Json = nlohmann::json;
+
+constexpr uint64_t kQ = 256 * 1024;
+
+std::string Bytes(size_t n, unsigned seed) {
+  std::string s(n, '\0');
+  std::mt19937_64 rng(seed);
+  for (auto& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string UniqueName(const std::string& stem) {
+  static int n = 0;
+  return "client-test/" + stem + "-" + std::to_string(++n) + "-" + std::to_string(std::random_device{}());
+}
+
+// A loop, an HTTP client, credentials and a GcsClient with small chunks and
+// quick retries, talking to the emulator through the proxy.
+struct Fixture {
+  Fixture() {
+    loop = std::move(runtime::Loop::Create()).value();
+    http::HttpOptions ho;
+    ho.stall_timeout = std::chrono::milliseconds(1000);
+    http = std::move(http::HttpClient::Create(*loop, ho)).value();
+    control = std::make_unique<ProxyControl>(*loop, *http);
+    control->Reset();
+    options.chunk_size = kQ;
+    options.retry.max_attempts = 5;
+    options.retry.initial_backoff = std::chrono::milliseconds(5);
+    options.retry.max_backoff = std::chrono::milliseconds(50);
+    UseAuth(std::move(MakeAuth(*loop, *http, options, /*emulator=*/true)).value());
+  }
+  ~Fixture() { if (!std::getenv("CKPTIO_KEEP_PROXY_LOG")) control->Reset(); }
+  void UseAuth(std::unique_ptr<AuthProvider> a) {
+    auth = std::move(a);
+    client = std::make_unique<GcsClient>(*loop, *http, *auth, Env("STORAGE_EMULATOR_HOST"), options);
+  }
+  template <typename T>
+  T Run(Task<T> t) {
+    return loop->Run(std::move(t));
+  }
+  Result<ObjectMeta> Upload(const std::string& name, const std::string& data, const uint32_t* crc = nullptr) {
+    UploadSource src;
+    src.pieces = {{data.data(), data.size()}};
+    src.size = data.size();
+    src.crc32c = crc;
+    return Run(client->Upload(bucket, name, &src));
+  }
+  std::string ReadBack(const std::string& name, size_t size) {
+    std::string out(size, '\0');
+    Status s = Run(client->Read(bucket, name, 0, size, out.data(), size));
+    REQUIRE_MESSAGE(s.ok(), s.ToString());
+    return out;
+  }
+
+  std::string bucket = Env("CKPTIO_TEST_BUCKET");
+  Options::Gcs options;
+  std::unique_ptr<runtime::Loop> loop;
+  std::unique_ptr<http::HttpClient> http;
+  std::unique_ptr<ProxyControl> control;
+  std::unique_ptr<AuthProvider> auth;
+  std::unique_ptr<GcsClient> client;
+};
+
+TEST_CASE_FIXTURE(Fixture, "a multi-chunk resumable upload reads back equal, whole and by range") {
+  const std::string name = UniqueName("multi");
+  const std::string data = Bytes(5 * kQ + 12345, 1);
+  const uint32_t crc = format::Crc32c(data.data(), data.size());
+  auto meta = Upload(name, data, &crc);
+  REQUIRE_MESSAGE(meta.ok(), meta.status().ToString());
+  CHECK(meta->size == data.size());
+  CHECK(meta->crc32c == crc);
+  CHECK(control->Count("PUT", "upload_id=") == 6);  // 5 full chunks and the tail
+  CHECK(ReadBack(name, data.size()) == data);
+  std::string part(1000, '\0');
+  REQUIRE(Run(client->Read(bucket, name, 3 * kQ - 500, part.size(), part.data(), data.size())).ok());
+  CHECK(part == data.substr(3 * kQ - 500, 1000));
+}
+
+TEST_CASE_FIXTURE(Fixture, "an empty object and a one-chunk object upload too") {
+  const std::string empty = UniqueName("empty");
+  auto m0 = Upload(empty, "");
+  REQUIRE_MESSAGE(m0.ok(), m0.status().ToString());
+  CHECK(m0->size == 0);
+  const std::string small = UniqueName("small");
+  auto m1 = Upload(small, "hello");
+  REQUIRE(m1.ok());
+  CHECK(ReadBack(small, 5) == "hello");
+}
+
+TEST_CASE_FIXTURE(Fixture, "an upload with a wrong CRC32C is refused by the server with its message") {
+  const std::string data = Bytes(2 * kQ, 2);
+  const uint32_t wrong = format::Crc32c(data.data(), data.size()) ^ 1;
+  auto meta = Upload(UniqueName("badcrc"), data, &wrong);
+  CHECK(meta.status().code() == StatusCode::kInvalidArgument);
+  CHECK(meta.status().message().find("HTTP 400") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a 503 on a middle chunk is retried and only the missing chunk is sent again") {
+  control->SetRules(Json::array({{{"method", "PUT"}, {"path", "upload_id="}, {"nth", 3}, {"status", 503}}}));
+  const std::string name = UniqueName("mid503");
+  const std::string data = Bytes(6 * kQ, 3);
+  auto meta = Upload(name, data);
+  REQUIRE_MESSAGE(meta.ok(), meta.status().ToString());
+  CHECK(control->BodyBytes("PUT", "upload_id=") == data.size() + kQ);  // the refused chunk, twice
+  CHECK(client->stats().retries == 1);
+  CHECK(client->stats().bytes_resent == kQ);
+  CHECK(ReadBack(name, data.size()) == data);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a 503 after the server committed a chunk sends nothing twice") {
+  control->SetRules(Json::array(
+      {{{"method", "PUT"}, {"path", "upload_id="}, {"nth", 2}, {"status", 503}, {"after_forward", true}}}));
+  const std::string name = UniqueName("after503");
+  const std::string data = Bytes(4 * kQ, 4);
+  REQUIRE(Upload(name, data).ok());
+  CHECK(control->BodyBytes("PUT", "upload_id=") == data.size());
+  CHECK(client->stats().bytes_resent == 0);
+  CHECK(ReadBack(name, data.size()) == data);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a reset in the middle of a chunk resends only the bytes the server lacks") {
+  options.chunk_size = 4 * kQ;  // 1 MiB chunks
+  UseAuth(std::move(auth));
+  // 600000 bytes into the 2nd chunk the connection is reset; the server keeps
+  // a 256 KiB-aligned prefix of what arrived (524288 bytes), says so when
+  // queried, and the client sends from there.
+  control->SetRules(Json::array(
+      {{{"method", "PUT"}, {"path", "upload_id="}, {"nth", 2}, {"reset_after_request_bytes", 600000}}}));
+  const std::string name = UniqueName("reset");
+  const std::string data = Bytes(10 * kQ + 999, 5);
+  auto meta = Upload(name, data);
+  REQUIRE_MESSAGE(meta.ok(), meta.status().ToString());
+  CHECK(control->BodyBytes("PUT", "upload_id=") == data.size() + 600000 - 2 * kQ);
+  CHECK(ReadBack(name, data.size()) == data);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a stall past the stall timeout is abandoned and retried") {
+  control->SetRules(Json::array({{{"method", "PUT"}, {"path", "upload_id="}, {"nth", 1}, {"stall_seconds", 4}}}));
+  const std::string name = UniqueName("stall");
+  const std::string data = Bytes(2 * kQ, 6);
+  auto meta = Upload(name, data);
+  REQUIRE_MESSAGE(meta.ok(), meta.status().ToString());
+  CHECK(client->stats().retries >= 1);
+  CHECK(ReadBack(name, data.size()) == data);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a 429 on the last chunk is retried") {
+  control->SetRules(Json::array({{{"method", "PUT"},
+                                  {"path", "upload_id="},
+                                  {"headers", {{"Content-Range", "/\\d+$"}}},
+                                  {"nth", 1},
+                                  {"status", 429}}}));
+  const std::string name = UniqueName("last429");
+  const std::string data = Bytes(3 * kQ + 7, 7);
+  REQUIRE(Upload(name, data).ok());
+  CHECK(client->stats().retries == 1);
+  CHECK(ReadBack(name, data.size()) == data);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a session that expired (410) is started again from the first byte") {
+  control->SetRules(Json::array({{{"method", "PUT"}, {"path", "upload_id="}, {"nth", 2}, {"status", 503}},
+                                 {{"method", "PUT"},
+                                  {"headers", {{"Content-Range", "^bytes \\*/"}}},
+                                  {"nth", 1},
+                                  {"status", 410}}}));
+  const std::string name = UniqueName("expired");
+  const std::string data = Bytes(3 * kQ, 8);
+  REQUIRE(Upload(name, data).ok());
+  CHECK(client->stats().sessions_restarted == 1);
+  CHECK(control->Count("POST", "uploadType=resumable") == 2);
+  CHECK(ReadBack(name, data.size()) == data);
+}
+
+TEST_CASE_FIXTURE(Fixture, "retries stop at max_attempts with the server's message and the count") {
+  options.retry.max_attempts = 3;
+  UseAuth(std::move(auth));
+  control->SetRules(Json::array(
+      {{{"method", "POST"}, {"path", "uploadType=resumable"}, {"status", 503}, {"message", "backend sad"}}}));
+  auto meta = Upload(UniqueName("exhausted"), "abc");
+  CHECK(meta.status().code() == StatusCode::kUnavailable);
+  CHECK(meta.status().message().find("HTTP 503: backend sad") != std::string::npos);
+  CHECK(meta.status().message().find("gave up after 3 attempts") != std::string::npos);
+  CHECK(control->Count("POST", "uploadType=resumable") == 3);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a 403 fails at once with the server's message") {
+  control->SetRules(Json::array(
+      {{{"method", "POST"}, {"path", "uploadType=resumable"}, {"status", 403}, {"message", "no access here"}}}));
+  auto meta = Upload(UniqueName("forbidden"), "abc");
+  CHECK(meta.status().code() == StatusCode::kPermissionDenied);
+  CHECK(meta.status().message().find("HTTP 403: no access here") != std::string::npos);
+  CHECK(control->Count("POST", "uploadType=resumable") == 1);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a response cut short on a ranged read is retried") {
+  const std::string name = UniqueName("cut");
+  const std::string data = Bytes(3 * kQ, 9);
+  REQUIRE(Upload(name, data).ok());
+  control->SetRules(Json::array({{{"method", "GET"}, {"path", "alt=media"}, {"nth", 1}, {"cut_response_after", 1000}}}));
+  std::string part(2 * kQ, '\0');
+  Status s = Run(client->Read(bucket, name, 1000, part.size(), part.data(), data.size()));
+  REQUIRE_MESSAGE(s.ok(), s.ToString());
+  CHECK(part == data.substr(1000, part.size()));
+  CHECK(client->stats().retries == 1);
+}
+
+TEST_CASE_FIXTURE(Fixture, "corrupted bytes on a whole-object read fail the x-goog-hash check") {
+  const std::string name = UniqueName("corrupt");
+  const std::string data = Bytes(kQ, 10);
+  REQUIRE(Upload(name, data).ok());
+  control->SetRules(Json::array({{{"method", "GET"}, {"path", "alt=media"}, {"corrupt_response_byte", 777}}}));
+  std::string out(data.size(), '\0');
+  Status s = Run(client->Read(bucket, name, 0, out.size(), out.data(), out.size()));
+  CHECK(s.code() == StatusCode::kCorruption);
+  CHECK(s.message().find("the server says") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a small object with ifGenerationMatch=0 fails with AlreadyExists the second time") {
+  const std::string name = UniqueName("manifest");
+  REQUIRE(Run(client->UploadSmall(bucket, name, "{}", 0)).ok());
+  auto again = Run(client->UploadSmall(bucket, name, "{\"other\": 1}", 0));
+  CHECK(again.status().code() == StatusCode::kAlreadyExists);
+  CHECK(ReadBack(name, 2) == "{}");
+}
+
+TEST_CASE_FIXTURE(Fixture, "a small upload whose answer was lost is recognised as ours on retry") {
+  control->SetRules(Json::array(
+      {{{"method", "POST"}, {"path", "uploadType=media"}, {"nth", 1}, {"status", 503}, {"after_forward", true}}}));
+  const std::string name = UniqueName("lost-answer");
+  auto meta = Run(client->UploadSmall(bucket, name, "{\"step\": 1}", 0));
+  REQUIRE_MESSAGE(meta.ok(), meta.status().ToString());
+  CHECK(ReadBack(name, 11) == "{\"step\": 1}");
+}
+
+TEST_CASE_FIXTURE(Fixture, "a list that needs paging returns every object once") {
+  const std::string dir = UniqueName("list") + "/";
+  std::vector<Task<Result<ObjectMeta>>> uploads;
+  for (int i = 0; i < 25; ++i) uploads.push_back(client->UploadSmall(bucket, dir + "o" + std::to_string(100 + i), "x", {}));
+  for (auto& r : Run(WhenAll(std::move(uploads)))) REQUIRE(r.ok());
+  auto listed = Run(client->List(bucket, dir, "", /*page_size=*/7));
+  REQUIRE_MESSAGE(listed.ok(), listed.status().ToString());
+  CHECK(listed->pages == 4);
+  REQUIRE(listed->objects.size() == 25);
+  for (int i = 0; i < 25; ++i) CHECK(listed->objects[i].name == dir + "o" + std::to_string(100 + i));
+  auto prefixes = Run(client->List(bucket, dir.substr(0, dir.find('/') + 1), "/"));
+  REQUIRE(prefixes.ok());
+  CHECK(std::find(prefixes->prefixes.begin(), prefixes->prefixes.end(), dir) != prefixes->prefixes.end());
+}
+
+TEST_CASE_FIXTURE(Fixture, "deleting an object makes it NotFound, and deleting it again succeeds") {
+  const std::string name = UniqueName("del");
+  REQUIRE(Run(client->UploadSmall(bucket, name, "x", {})).ok());
+  REQUIRE(Run(client->Delete(bucket, name)).ok());
+  CHECK(Run(client->Stat(bucket, name)).status().code() == StatusCode::kNotFound);
+  CHECK(Run(client->Delete(bucket, name)).ok());
+}
+
+// ---- credentials ----
+
+TEST_CASE_FIXTURE(Fixture, "a service-account key gets a token whose bearer the server accepts") {
+  UseAuth(std::move(ServiceAccountAuth(*loop, *http, options, ReadFile(Env("CKPTIO_TEST_SA_KEY")), "sa.json")).value());
+  control->Settings({{"require_bearer", "issued"}});
+  const std::string name = UniqueName("sa");
+  auto meta = Upload(name, Bytes(2 * kQ, 11));
+  REQUIRE_MESSAGE(meta.ok(), meta.status().ToString());
+  CHECK(auth->tokens_fetched() == 1);
+  for (const auto& e : control->Log()) CHECK(e.value("bearer_ok", false));
+}
+
+TEST_CASE_FIXTURE(Fixture, "an authorized-user refresh token gets a token the server accepts") {
+  UseAuth(std::move(AuthorizedUserAuth(*loop, *http, options, ReadFile(Env("CKPTIO_TEST_AUTHORIZED_USER")), "au.json"))
+              .value());
+  control->Settings({{"require_bearer", "issued"}});
+  REQUIRE(Upload(UniqueName("au"), "data").ok());
+  CHECK(auth->tokens_fetched() == 1);
+}
+
+TEST_CASE_FIXTURE(Fixture, "the metadata server gives a token the server accepts") {
+  UseAuth(MetadataServerAuth(*loop, *http, options, Env("CKPTIO_TEST_METADATA_HOST")));
+  control->Settings({{"require_bearer", "issued"}});
+  REQUIRE(Upload(UniqueName("md"), "data").ok());
+  CHECK(auth->tokens_fetched() == 1);
+}
+
+TEST_CASE_FIXTURE(Fixture, "without a valid token the server's 401 is reported, after one refresh") {
+  UseAuth(std::move(MakeAuth(*loop, *http, options, /*emulator=*/true)).value());  // sends no token
+  control->Settings({{"require_bearer", "issued"}});
+  auto meta = Upload(UniqueName("noauth"), "data");
+  CHECK(meta.status().code() == StatusCode::kPermissionDenied);
+  CHECK(meta.status().message().find("HTTP 401") != std::string::npos);
+  CHECK(control->Count("POST", "uploadType=resumable") == 2);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a 401 in the middle of an upload refreshes the token once and the upload completes") {
+  UseAuth(std::move(ServiceAccountAuth(*loop, *http, options, ReadFile(Env("CKPTIO_TEST_SA_KEY")), "sa.json")).value());
+  control->SetRules(Json::array({{{"method", "PUT"}, {"path", "upload_id="}, {"nth", 2}, {"status", 401}}}));
+  const std::string name = UniqueName("mid401");
+  const std::string data = Bytes(4 * kQ, 12);
+  REQUIRE(Upload(name, data).ok());
+  CHECK(auth->tokens_fetched() == 2);
+  CHECK(ReadBack(name, data.size()) == data);
+}
+
+TEST_CASE_FIXTURE(Fixture, "concurrent requests share one token fetch, and a token is refreshed before it expires") {
+  // with_gcs.py runs this binary with --token-expires-in 4: refresh after 2 s.
+  UseAuth(std::move(ServiceAccountAuth(*loop, *http, options, ReadFile(Env("CKPTIO_TEST_SA_KEY")), "sa.json")).value());
+  control->Settings({{"require_bearer", "issued"}});
+  const std::string dir = UniqueName("shared") + "/";
+  std::vector<Task<Result<ObjectMeta>>> uploads;
+  for (int i = 0; i < 20; ++i) uploads.push_back(client->UploadSmall(bucket, dir + std::to_string(i), "x", {}));
+  for (auto& r : Run(WhenAll(std::move(uploads)))) CHECK(r.ok());
+  CHECK(auth->tokens_fetched() == 1);
+  auto sleep = [](runtime::Loop* l) -> Task<void> { (void)co_await l->Sleep(std::chrono::milliseconds(2500)); };
+  Run(sleep(loop.get()));
+  REQUIRE(Run(client->UploadSmall(bucket, dir + "late", "x", {})).ok());
+  CHECK(auth->tokens_fetched() == 2);
+}
+
+}  // namespace
+}  // namespace ckptio::gcs
