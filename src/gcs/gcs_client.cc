@@ -85,6 +85,11 @@ std::vector<http::BodyPiece> Slice(const UploadSource* source, uint64_t offset, 
   return out;
 }
 
+// The last error, with how long we tried: "... (gave up after 6 attempts ...)".
+Status GaveUp(Status last, const Backoff& backoff) {
+  return Status(last.code(), last.message() + " (" + backoff.Exhausted() + ")", last.sys_errno());
+}
+
 }  // namespace
 
 std::string GsUrl(const std::string& bucket, const std::string& name) { return "gs://" + bucket + "/" + name; }
@@ -130,7 +135,7 @@ Task<Result<http::Response>> GcsClient::Call(std::string what, const std::functi
     }
     std::chrono::milliseconds delay{0};
     if (!o.retryable) co_return o.status;
-    if (!backoff.Next(&delay)) co_return std::move(o.status).WithContext(backoff.Exhausted());
+    if (!backoff.Next(&delay)) co_return GaveUp(std::move(o.status), backoff);
     ++stats_.retries;
     Status slept = co_await loop_.Sleep(delay);
     slept.IgnoreError();
@@ -225,7 +230,7 @@ Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name,
       } else {
         std::chrono::milliseconds delay{0};
         if (!failure.retryable) co_return failure.status;
-        if (!backoff.Next(&delay)) co_return std::move(failure.status).WithContext(backoff.Exhausted());
+        if (!backoff.Next(&delay)) co_return GaveUp(std::move(failure.status), backoff);
         ++stats_.retries;
         Status slept = co_await loop_.Sleep(delay);
         slept.IgnoreError();

@@ -14,9 +14,17 @@ def ckptio_bin():
 
 @pytest.fixture
 def run(ckptio_bin):
-    def _run(*args, check=True):
-        p = subprocess.run([ckptio_bin, *map(str, args)], capture_output=True, text=True)
+    def _run(*args, check=True, env=None):
+        p = subprocess.run([ckptio_bin, *map(str, args)], capture_output=True, text=True, env=env)
         if check and p.returncode != 0:
             raise AssertionError(f"ckptio {' '.join(map(str, args))} exited {p.returncode}: {p.stderr}")
         return p
     return _run
+
+
+# The GCS emulator, fault proxy and official client fixtures (tests/gcs).
+import pathlib  # noqa: E402
+import sys  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gcs"))
+from gcs_fixtures import *  # noqa: E402,F401,F403
