@@ -100,6 +100,7 @@ struct ManagerStats {
   uint64_t saves_skipped = 0;
   uint64_t bytes_committed = 0;
   uint64_t checkpoints_pruned = 0;
+  uint64_t storage_retries = 0;  // requests retried after a transient failure (GCS)
 };
 
 class CheckpointManager {

@@ -104,6 +104,10 @@ Status Save(const Args& args) {
   std::printf("saved step %lld to %s: %zu tensors from %zu files, %s in %s (%s)\n", static_cast<long long>(*step),
               manager->root().c_str(), in.tensors.size(), in.files.size(), HumanBytes(bytes).c_str(),
               HumanSeconds(secs).c_str(), HumanRate(bytes, secs).c_str());
+  if (uint64_t retries = manager->stats().storage_retries) {
+    std::printf("%llu request%s retried after transient failures\n", static_cast<unsigned long long>(retries),
+                retries == 1 ? "" : "s");
+  }
   return Status::Ok();
 }
 

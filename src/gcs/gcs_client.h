@@ -41,12 +41,13 @@ struct ListResult {
   int pages = 0;
 };
 
+// Written on the loop thread; read from any (relaxed atomics).
 struct GcsStats {
-  uint64_t requests = 0;
-  uint64_t retries = 0;
-  uint64_t bytes_uploaded = 0;     // chunk bytes sent, including resends
-  uint64_t bytes_resent = 0;       // of which sent again after a failure
-  uint64_t sessions_restarted = 0;  // 404/410 on a session
+  std::atomic<uint64_t> requests{0};
+  std::atomic<uint64_t> retries{0};
+  std::atomic<uint64_t> bytes_uploaded{0};     // chunk bytes sent, including resends
+  std::atomic<uint64_t> bytes_resent{0};       // of which sent again after a failure
+  std::atomic<uint64_t> sessions_restarted{0};  // 404/410 on a session
 };
 
 // The bytes of an object to upload: pieces in order (the caller's buffers).

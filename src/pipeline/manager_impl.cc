@@ -535,8 +535,13 @@ Status ManagerImpl::Prune() {
 }
 
 ManagerStats ManagerImpl::stats() const {
-  std::lock_guard lock(mu_);
-  return stats_;
+  ManagerStats s;
+  {
+    std::lock_guard lock(mu_);
+    s = stats_;
+  }
+  s.storage_retries = storage_->retries();
+  return s;
 }
 
 }  // namespace ckptio::pipeline

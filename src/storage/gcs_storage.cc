@@ -69,6 +69,7 @@ class GcsStorage final : public Storage {
   Task<Result<std::unique_ptr<ReadableFile>>> OpenFile(std::string checkpoint, std::string file) override;
   Task<Status> Remove(std::string name) override;
   Status LockForWriting() override { return Status::Ok(); }
+  uint64_t retries() const override { return client_->stats().retries; }
 
   GcsClient& client() { return *client_; }
   const std::string& bucket() const { return path_.bucket; }

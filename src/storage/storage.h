@@ -102,6 +102,9 @@ class Storage {
   // Takes the exclusive writer lock of the root, if the backend has one.
   // Error if another process holds it.
   virtual Status LockForWriting() = 0;
+  // Requests retried after transient failures so far (readable from any
+  // thread; a backend without retries says 0).
+  virtual uint64_t retries() const { return 0; }
 };
 
 }  // namespace ckptio::storage
