@@ -2,13 +2,19 @@
 # configures meson on first use, builds, and runs.
 #
 #   make demo    the main job (DEMO_ARGS="..." to pass flags)
-#   make test    the whole suite, normal build + ASan/UBSan build; ends with "N passed, N failed"
+#   make test    the whole suite: normal build, ASan/UBSan build, ThreadSanitizer build of the
+#                runtime/HTTP/pipeline tests, Python tests; ends with "N passed, N failed"
+#   make test-tsan  only the ThreadSanitizer part
 #   make bench   the benchmarks; tables go to bench/results/
 #   make build   just build (build/)
 
 SHELL := /bin/bash
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+# The tests with threads worth racing: the loop, the CPU pool, HTTP, the manager.
+TSAN_TESTS := runtime_task runtime_loop http_client pipeline_manager pipeline_crash pipeline_disk_full
+TSAN_TARGETS := $(addprefix tests/,$(addsuffix _test,$(TSAN_TESTS))) tests/pipeline/crash_saver
 DEMO_ARGS ?=
 
 APT_PACKAGES := g++ make meson ninja-build pkg-config cmake python3 python3-venv \
@@ -17,7 +23,7 @@ APT_PACKAGES := g++ make meson ninja-build pkg-config cmake python3 python3-venv
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: all deps build build-asan demo test bench clean venv
+.PHONY: all deps build build-asan build-tsan demo test test-tsan bench clean venv
 
 all: build
 
@@ -33,6 +39,9 @@ $(ASAN_BUILD)/build.ninja:
 	meson setup $(ASAN_BUILD) --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false \
 	  -Dcpp_args=-fno-sanitize-recover=undefined
 
+$(TSAN_BUILD)/build.ninja:
+	meson setup $(TSAN_BUILD) --buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false
+
 # Python packages for the integration tests (numpy, safetensors, ...), from PyPI.
 $(VENV)/.installed: tests/requirements.txt
 	python3 -m venv $(VENV)
@@ -47,16 +56,26 @@ build: deps $(BUILD)/build.ninja
 build-asan: deps $(ASAN_BUILD)/build.ninja
 	ninja -C $(ASAN_BUILD)
 
+build-tsan: deps $(TSAN_BUILD)/build.ninja
+	ninja -C $(TSAN_BUILD) $(TSAN_TARGETS)
+
 demo: build
 	$(BUILD)/src/cli/ckptio demo $(DEMO_ARGS)
 
-test: build build-asan venv
+test: build build-asan build-tsan venv
 	@rc=0; \
 	meson test -C $(BUILD) --print-errorlogs --num-processes 2 || rc=1; \
 	meson test -C $(ASAN_BUILD) --print-errorlogs --num-processes 2 || rc=1; \
+	meson test -C $(TSAN_BUILD) --no-rebuild --print-errorlogs --num-processes 2 $(TSAN_TESTS) || rc=1; \
 	CKPTIO_BIN=$(BUILD)/src/cli/ckptio $(PYTHON) -m pytest -q tests/integration tests/gcs \
 	  --junitxml=$(BUILD)/pytest.xml -p no:cacheprovider || rc=1; \
-	python3 tests/tools/summarize.py $(BUILD) $(ASAN_BUILD) --junit $(BUILD)/pytest.xml || rc=1; \
+	python3 tests/tools/summarize.py $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) --junit $(BUILD)/pytest.xml || rc=1; \
+	exit $$rc
+
+test-tsan: build-tsan
+	@rc=0; \
+	meson test -C $(TSAN_BUILD) --no-rebuild --print-errorlogs --num-processes 2 $(TSAN_TESTS) || rc=1; \
+	python3 tests/tools/summarize.py $(TSAN_BUILD) || rc=1; \
 	exit $$rc
 
 bench: build
@@ -66,4 +85,4 @@ bench: build
 	@rm -rf bench/results/tmp
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(VENV)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(VENV)

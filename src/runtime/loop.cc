@@ -251,12 +251,10 @@ void Loop::OnWakeup(IoOp* op, int res, uint32_t) {
 }
 
 void Loop::DrainPosted() {
-  // Clear the flag before taking the list: a Post that lands after the swap
-  // writes the eventfd again, so no wakeup is lost.
-  wake_pending_.store(false, std::memory_order_seq_cst);
   PostNode* head;
   {
     std::lock_guard lock(post_mu_);
+    wake_pending_ = false;  // the next Post writes the eventfd again
     head = post_head_;
     post_head_ = post_tail_ = nullptr;
   }
@@ -269,16 +267,18 @@ void Loop::DrainPosted() {
 
 void Loop::Post(PostNode* node) {
   node->next = nullptr;
-  {
-    std::lock_guard lock(post_mu_);
-    if (post_tail_ != nullptr) {
-      post_tail_->next = node;
-    } else {
-      post_head_ = node;
-    }
-    post_tail_ = node;
+  // The whole post, eventfd write included, happens under the lock: the loop
+  // runs a node only after taking the lock, so it cannot run (say) a Stop
+  // and destroy itself while this thread still touches its members.
+  std::lock_guard lock(post_mu_);
+  if (post_tail_ != nullptr) {
+    post_tail_->next = node;
+  } else {
+    post_head_ = node;
   }
-  if (!wake_pending_.exchange(true, std::memory_order_seq_cst)) {
+  post_tail_ = node;
+  if (!wake_pending_) {
+    wake_pending_ = true;
     uint64_t one = 1;
     // EAGAIN means the counter is already non-zero: the loop will wake anyway.
     [[maybe_unused]] ssize_t w = ::write(wake_fd_.get(), &one, sizeof one);

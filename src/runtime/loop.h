@@ -225,8 +225,8 @@ class Loop {
   UniqueFd wake_fd_;
   WakeOp wake_op_;
   uint64_t wake_buf_ = 0;
-  std::atomic<bool> wake_pending_{false};
   std::mutex post_mu_;
+  bool wake_pending_ = false;      // guarded by post_mu_: the eventfd was written
   PostNode* post_head_ = nullptr;  // guarded by post_mu_
   PostNode* post_tail_ = nullptr;  // guarded by post_mu_
 
