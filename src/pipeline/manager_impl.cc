@@ -52,8 +52,10 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   std::unique_ptr<ManagerImpl> m(new ManagerImpl(root, std::move(options)));
   m->read_only_ = read_only;
+  if (!m->options_.trace.path.empty()) m->tracer_ = std::make_unique<runtime::Tracer>(m->options_.trace.path);
   m->pool_ = std::make_unique<runtime::CpuPool>(static_cast<size_t>(std::max(m->options_.threads, 0)));
   ASSIGN_OR_RETURN(m->loop_thread_, runtime::LoopThread::Start());
+  if (m->tracer_) m->loop().BlockOn(m->SetLoopTracer());
   RETURN_IF_ERROR(m->loop().BlockOn(m->OpenStorage(/*create=*/!read_only)));
   if (read_only) {
     RETURN_IF_ERROR(m->loop().BlockOn(m->Refresh(/*remove_debris=*/false)));
@@ -79,6 +81,11 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
   return m;
 }
 
+Task<void> ManagerImpl::SetLoopTracer() {
+  loop().set_tracer(tracer_.get());
+  co_return;
+}
+
 Task<Status> ManagerImpl::OpenStorage(bool create) {
   if (root_.rfind("gs://", 0) == 0) {
     CO_ASSIGN_OR_RETURN(storage_, co_await storage::OpenGcsStorage(loop(), root_, options_.gcs));
@@ -99,6 +106,10 @@ ManagerImpl::~ManagerImpl() {
   loop_thread_.reset();
   pool_.reset();
   staging_.reset();
+  if (tracer_) {
+    Status s = tracer_->Flush();
+    if (!s.ok()) std::fprintf(stderr, "ckptio: %s\n", s.ToString().c_str());
+  }
 }
 
 Task<void> ManagerImpl::CloseStorage() {
@@ -207,8 +218,14 @@ Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> te
     job->previous = std::exchange(last_job_, job);
   }
   job->region = staging_->base() + *job->staging_offset;
+  const Clock::time_point snapshot_start = Clock::now();
   TakeSnapshot(job.get());
   job->snapshot_end = Clock::now();
+  if (tracer_) {
+    tracer_->Span(runtime::Track::kSnapshot, "snapshot " + std::to_string(step), snapshot_start, job->snapshot_end,
+                  "{\"bytes\":" + std::to_string(job->plan.checkpoint_bytes) + "}");
+    tracer_->Span(runtime::Track::kTrainer, "Save(" + std::to_string(step) + ")", start, job->snapshot_end);
+  }
   {
     std::lock_guard lock(job->state->mu);
     job->state->timings.snapshot_seconds = std::chrono::duration<double>(job->snapshot_end - start).count();
@@ -248,6 +265,7 @@ void ManagerImpl::TakeSnapshot(SaveJob* job) {
 }
 
 Task<void> ManagerImpl::ComputeCrcs(SaveJob* job) {
+  runtime::ScopedSpan span(tracer_.get(), runtime::Track::kChecksum, "CRC32C " + std::to_string(job->plan.step));
   if (!job->crc_fused) {
     co_await ComputeChunkCrcs(*pool_, &job->crc_chunks, &job->chunk_crc, pool_->size());
     job->tensor_crc = CombineChunkCrcs(job->plan, job->crc_chunks, job->chunk_crc);
@@ -306,7 +324,7 @@ void ManagerImpl::ReleaseStaging(SaveJob* job) {
 
 Task<Status> ManagerImpl::WriteShards(SaveJob* job, storage::CheckpointWriter* writer) {
   std::vector<Task<Status>> writes;
-  for (const storage::FileImage& image : job->images) writes.push_back(writer->WriteFile(&image));
+  for (const storage::FileImage& image : job->images) writes.push_back(TimedWrite(writer, &image, job->plan.step));
   // Named before the co_await (g++ 12 and temporaries, see STYLE.md).
   Task<void> crcs = ComputeCrcs(job);
   Task<std::vector<Status>> all_writes = WhenAll(std::move(writes));
@@ -314,6 +332,13 @@ Task<Status> ManagerImpl::WriteShards(SaveJob* job, storage::CheckpointWriter* w
   auto done = co_await std::move(both);
   for (Status& r : std::get<1>(done)) CO_TRY(r);
   co_return Status::Ok();
+}
+
+Task<Status> ManagerImpl::TimedWrite(storage::CheckpointWriter* writer, const storage::FileImage* image,
+                                     int64_t step) {
+  runtime::ScopedSpan span(tracer_.get(), runtime::Track::kWrite, image->name + " (step " + std::to_string(step) + ")");
+  if (tracer_) span.set_args("{\"bytes\":" + std::to_string(image->size) + "}");
+  co_return co_await writer->WriteFile(image);
 }
 
 Task<Status> ManagerImpl::Persist(SaveJob* job) {
@@ -333,7 +358,10 @@ Task<Status> ManagerImpl::Persist(SaveJob* job) {
     co_await job->previous->ended.Wait();  // commits happen in admission order
     job->previous.reset();
   }
-  if (s.ok()) s = co_await writer->Commit(std::move(manifest_json));
+  if (s.ok()) {
+    runtime::ScopedSpan span(tracer_.get(), runtime::Track::kCommit, "commit " + std::to_string(step));
+    s = co_await writer->Commit(std::move(manifest_json));
+  }
   if (!s.ok()) {
     Status aborted = co_await writer->Abort();
     aborted.IgnoreError();  // the write or commit error is the one to report
@@ -343,6 +371,7 @@ Task<Status> ManagerImpl::Persist(SaveJob* job) {
 
 Task<Status> ManagerImpl::PruneNow() {
   co_await prune_lock_.Acquire();
+  runtime::ScopedSpan span(tracer_.get(), runtime::Track::kPrune, "prune");
   std::vector<int64_t> doomed;
   {
     std::lock_guard lock(mu_);
@@ -391,6 +420,7 @@ void ManagerImpl::Unpin(int64_t step) {
 }
 
 Task<Result<RestoredCheckpoint>> ManagerImpl::RestoreTask(int64_t step, const ProgressFn* progress) {
+  runtime::ScopedSpan span(tracer_.get(), runtime::Track::kRead, "restore " + std::to_string(step));
   CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenCheckpoint(storage_.get(), StepName(step)));
   if (c.manifest.step != step) {
     co_return CorruptionError(c.path + "/manifest.json: says step " + std::to_string(c.manifest.step) +
@@ -493,6 +523,7 @@ Result<CheckpointInfo> ManagerImpl::Info(int64_t step) {
 }
 
 Task<Result<VerifyReport>> ManagerImpl::VerifyTask(int64_t step, const ProgressFn* progress) {
+  runtime::ScopedSpan span(tracer_.get(), runtime::Track::kRead, "verify " + std::to_string(step));
   CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenCheckpoint(storage_.get(), StepName(step)));
   if (c.manifest.step != step) {
     co_return CorruptionError(c.path + "/manifest.json: says step " + std::to_string(c.manifest.step) +

@@ -26,6 +26,7 @@
 #include "runtime/async_sync.h"
 #include "runtime/cpu_pool.h"
 #include "runtime/loop.h"
+#include "runtime/trace.h"
 #include "storage/storage.h"
 
 namespace ckptio::pipeline {
@@ -108,6 +109,8 @@ class ManagerImpl {
   Task<Status> Persist(SaveJob* job);
   Task<Status> WriteShards(SaveJob* job, storage::CheckpointWriter* writer);
   Task<void> ComputeCrcs(SaveJob* job);
+  Task<Status> TimedWrite(storage::CheckpointWriter* writer, const storage::FileImage* image, int64_t step);
+  Task<void> SetLoopTracer();
   void ReleaseStaging(SaveJob* job);
   Task<Status> PruneNow();
   Task<Result<RestoredCheckpoint>> RestoreTask(int64_t step, const ProgressFn* progress);
@@ -125,6 +128,7 @@ class ManagerImpl {
   std::unique_ptr<runtime::LoopThread> loop_thread_;
   std::unique_ptr<storage::Storage> storage_;  // used on the loop thread only
   std::unique_ptr<StagingPool> staging_;
+  std::unique_ptr<runtime::Tracer> tracer_;  // null unless trace.path is set
   runtime::AsyncSemaphore prune_lock_{1};      // loop thread only
 
   bool read_only_ = false;

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <future>
 
+#include "runtime/trace.h"
+
 namespace ckptio::runtime {
 namespace {
 
@@ -202,16 +204,25 @@ void Loop::RunScheduled() {
 
 void Loop::SubmitAndReap(bool block) {
   ++stats_.enters;
+  const uint64_t sqes_before = stats_.sqes;
   int r = block ? io_uring_submit_and_wait(&ring_, 1) : io_uring_submit(&ring_);
+  const auto woke = tracer_ != nullptr ? Tracer::Clock::now() : Tracer::Clock::time_point();
   if (!block && defer_taskrun_) io_uring_get_events(&ring_);
   if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY && r != -ETIME) {
     std::fprintf(stderr, "ckptio: io_uring_enter failed: %s\n", std::strerror(-r));
     std::abort();
   }
-  Reap();
+  size_t reaped = Reap();
+  if (tracer_ != nullptr && reaped > 0) {
+    // From the wake-up on: the time the loop was busy dispatching, not idle.
+    tracer_->Span(Track::kIo, "batch of " + std::to_string(reaped), woke, Tracer::Clock::now(),
+                  "{\"completions\":" + std::to_string(reaped) + ",\"submitted\":" +
+                      std::to_string(stats_.sqes - sqes_before) + "}");
+  }
 }
 
-void Loop::Reap() {
+size_t Loop::Reap() {
+  size_t total = 0;
   constexpr unsigned kBatch = 64;
   io_uring_cqe* cqes[kBatch];
   struct Done {
@@ -222,7 +233,8 @@ void Loop::Reap() {
   Done batch[kBatch];
   for (;;) {
     unsigned n = io_uring_peek_batch_cqe(&ring_, cqes, kBatch);
-    if (n == 0) return;
+    if (n == 0) return total;
+    total += n;
     // Copy and release the CQ slots before dispatching: a completion handler
     // may submit new work.
     for (unsigned i = 0; i < n; ++i) {

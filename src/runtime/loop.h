@@ -86,6 +86,7 @@ struct LoopStats {
   uint64_t fixed_ops = 0;    // reads/writes that used a registered buffer
 };
 
+class Tracer;
 class OpenAtOp;
 class CloseOp;
 class ReadOp;
@@ -176,6 +177,9 @@ class Loop {
   PollOp Poll(int fd, unsigned poll_mask);
   SleepOp Sleep(std::chrono::nanoseconds duration);
 
+  // Loop thread only. Records a span for every batch of completions.
+  void set_tracer(Tracer* tracer) { tracer_ = tracer; }
+
   // "single_issuer+defer_taskrun", "single_issuer" or "plain".
   const char* setup_mode() const { return setup_mode_; }
   const LoopStats& stats() const { return stats_; }
@@ -194,7 +198,8 @@ class Loop {
   }
   void SubmitAndReap(bool block);
   void RunScheduled();
-  void Reap();
+  // Dispatches every completion ready; returns how many there were.
+  size_t Reap();
   void ArmWakeup();
   void DrainPosted();
   static void OnWakeup(IoOp* op, int res, uint32_t flags);
@@ -214,6 +219,7 @@ class Loop {
   const char* setup_mode_ = "plain";
   std::thread::id owner_;
   size_t in_flight_ = 0;
+  Tracer* tracer_ = nullptr;
   LoopStats stats_;
   bool stop_ = false;
   std::deque<std::coroutine_handle<>> scheduled_;

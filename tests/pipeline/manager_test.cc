@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -461,6 +462,55 @@ TEST_CASE("restoring from an empty root says there is no checkpoint") {
   CHECK(m->Restore().status().code() == StatusCode::kNotFound);
   CHECK(m->Restore().status().message() == "no committed checkpoint in " + dir.path());
   CHECK(m->LatestStep() == std::nullopt);
+}
+
+}  // namespace
+}  // namespace ckptio
+
+namespace ckptio {
+namespace {
+
+TEST_CASE("with trace.path set, the manager writes a trace-event file with a span per stage") {
+  TempDir dir;
+  Options o = SmallOptions();
+  o.trace.path = dir / "trace.json";
+  {
+    auto m = OpenOrDie(dir / "ckpt", o);
+    auto ts = State(1, 3, 300'000);
+    auto refs = Refs(ts);
+    REQUIRE(m->Save(1, refs)->Wait().ok());
+    REQUIRE(m->Restore(1).ok());
+  }
+  auto j = nlohmann::json::parse(testing::ReadWholeFile(dir / "trace.json"));
+  std::map<std::string, int> by_track;  // thread name -> spans
+  std::map<int, std::string> names;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") names[e["tid"].get<int>()] = e["args"]["name"];
+  }
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X") {
+      by_track[names[e["tid"].get<int>()]]++;
+      CHECK(e["dur"].get<int64_t>() >= 0);
+    }
+  }
+  CHECK(by_track["trainer (Save blocked)"] == 1);
+  CHECK(by_track["snapshot"] == 1);
+  CHECK(by_track["write / upload"] >= 2);  // one span per shard file
+  CHECK(by_track["CRC32C"] == 1);
+  CHECK(by_track["commit"] == 1);
+  CHECK(by_track["read"] == 1);
+  CHECK(by_track["io_uring batches"] > 0);
+}
+
+TEST_CASE("without trace.path no trace file is written") {
+  TempDir dir;
+  {
+    auto m = OpenOrDie(dir / "ckpt", SmallOptions());
+    auto ts = State(1, 1, 1000);
+    auto refs = Refs(ts);
+    REQUIRE(m->Save(1, refs)->Wait().ok());
+  }
+  for (const auto& e : fs::directory_iterator(dir.path())) CHECK(e.path().filename() == "ckpt");
 }
 
 }  // namespace
