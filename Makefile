@@ -13,8 +13,10 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 # The tests with threads worth racing: the loop, the CPU pool, HTTP, the manager.
-TSAN_TESTS := runtime_task runtime_loop http_client pipeline_manager pipeline_crash pipeline_disk_full
-TSAN_TARGETS := $(addprefix tests/,$(addsuffix _test,$(TSAN_TESTS))) tests/pipeline/crash_saver
+TSAN_TESTS := runtime_task runtime_loop http_client pipeline_manager pipeline_crash pipeline_disk_full \
+  pipeline_preemption
+TSAN_TARGETS := $(addprefix tests/,$(addsuffix _test,$(TSAN_TESTS))) tests/pipeline/crash_saver \
+  tests/pipeline/preempt_trainer
 DEMO_ARGS ?=
 
 APT_PACKAGES := g++ make meson ninja-build pkg-config cmake python3 python3-venv \

@@ -158,6 +158,16 @@ class CheckpointManager {
   // Applies the keep policy now (it also runs after every commit).
   Status Prune();
 
+  // Preemption (options.preemption.on_sigterm): when SIGTERM arrives, the
+  // manager stops accepting saves, lets the saves in flight commit, then
+  // calls `fn` (on a ckptio thread) which may Save() one final checkpoint,
+  // all within preemption.grace; it prints what was committed to stderr and
+  // then lets SIGTERM do what it would have done (the previous handler, or
+  // terminate the process).
+  void SetFinalSave(std::function<void(CheckpointManager&)> fn);
+  // True once SIGTERM has arrived (a trainer loop may stop issuing work).
+  bool preempted() const;
+
   const Options& options() const;
   // "/data/ckpt" or "gs://bucket/prefix".
   const std::string& root() const;

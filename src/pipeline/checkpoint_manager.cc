@@ -58,7 +58,9 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::OpenReadOnly(std::
   return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
 }
 
-CheckpointManager::CheckpointManager(std::unique_ptr<pipeline::ManagerImpl> impl) : impl_(std::move(impl)) {}
+CheckpointManager::CheckpointManager(std::unique_ptr<pipeline::ManagerImpl> impl) : impl_(std::move(impl)) {
+  impl_->set_public(this);
+}
 CheckpointManager::~CheckpointManager() = default;
 
 Result<SaveHandle> CheckpointManager::Save(int64_t step, std::span<const TensorRef> tensors,
@@ -83,6 +85,10 @@ Result<VerifyReport> CheckpointManager::Verify(std::optional<int64_t> step, Prog
 Status CheckpointManager::Delete(int64_t step) { return impl_->Delete(step); }
 Status CheckpointManager::Prune() { return impl_->Prune(); }
 const Options& CheckpointManager::options() const { return impl_->options(); }
+void CheckpointManager::SetFinalSave(std::function<void(CheckpointManager&)> fn) {
+  impl_->SetFinalSave(std::move(fn));
+}
+bool CheckpointManager::preempted() const { return impl_->preempted(); }
 const std::string& CheckpointManager::root() const { return impl_->root(); }
 ManagerStats CheckpointManager::stats() const { return impl_->stats(); }
 

@@ -9,6 +9,7 @@
 #include "format/manifest.h"
 #include "pipeline/reader.h"
 #include "pipeline/retention.h"
+#include "pipeline/sigterm.h"
 #include "pipeline/snapshot.h"
 #include "runtime/spawn.h"
 #include "storage/gcs_storage.h"
@@ -78,6 +79,10 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
     };
   }
   ASSIGN_OR_RETURN(m->staging_, StagingPool::Create(m->options_.staging_memory, std::move(on_prefaulted)));
+  if (m->options_.preemption.on_sigterm) {
+    ManagerImpl* self = m.get();
+    ASSIGN_OR_RETURN(m->sigterm_, SigtermWatcher::Install([self] { self->HandleSigterm(); }));
+  }
   return m;
 }
 
@@ -97,6 +102,7 @@ Task<Status> ManagerImpl::OpenStorage(bool create) {
 }
 
 ManagerImpl::~ManagerImpl() {
+  sigterm_.reset();  // no preemption handling while tearing down
   {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [this] { return in_flight_ == 0; });
@@ -190,6 +196,10 @@ Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> te
   }
   {
     std::unique_lock lock(mu_);
+    if (preempting_ && std::this_thread::get_id() != final_save_thread_) {
+      return CancelledError("save of step " + std::to_string(step) +
+                            " refused: SIGTERM arrived, the manager is finishing its saves");
+    }
     if (!pending_error_.ok()) {
       Status e = std::exchange(pending_error_, Status::Ok());
       return std::move(e).WithContext("an earlier background save failed");
@@ -563,6 +573,60 @@ Status ManagerImpl::Delete(int64_t step) {
 Status ManagerImpl::Prune() {
   RETURN_IF_ERROR(CheckWritable("prune"));
   return loop().BlockOn(PruneNow());
+}
+
+void ManagerImpl::SetFinalSave(std::function<void(CheckpointManager&)> fn) {
+  std::lock_guard lock(mu_);
+  final_save_ = std::move(fn);
+}
+
+bool ManagerImpl::preempted() const {
+  std::lock_guard lock(mu_);
+  return preempting_;
+}
+
+bool ManagerImpl::WaitIdleUntil(std::unique_lock<std::mutex>& lock, Clock::time_point deadline) {
+  return cv_.wait_until(lock, deadline, [this] { return in_flight_ == 0; });
+}
+
+void ManagerImpl::HandleSigterm() {
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = start + options_.preemption.grace;
+  std::function<void(CheckpointManager&)> final_save;
+  std::set<int64_t> before;
+  {
+    std::unique_lock lock(mu_);
+    preempting_ = true;
+    before = committed_;
+    WaitIdleUntil(lock, deadline);  // let the saves in flight commit
+    final_save = final_save_;
+    final_save_thread_ = std::this_thread::get_id();
+  }
+  if (final_save && Clock::now() < deadline) final_save(*public_);
+  std::set<int64_t> in_flight;
+  std::set<int64_t> committed;
+  {
+    std::unique_lock lock(mu_);
+    final_save_thread_ = {};
+    WaitIdleUntil(lock, deadline);
+    in_flight = in_flight_steps_;
+    committed = committed_;
+  }
+  std::string now_committed;
+  for (int64_t s : committed) {
+    if (before.count(s) == 0) now_committed += (now_committed.empty() ? "" : ", ") + std::to_string(s);
+  }
+  std::string abandoned;
+  for (int64_t s : in_flight) abandoned += (abandoned.empty() ? "" : ", ") + std::to_string(s);
+  std::fprintf(stderr,
+               "ckptio: SIGTERM: committed since: %s; latest committed step: %s; abandoned (not committed): %s; "
+               "%.2f s of %.2f s grace\n",
+               now_committed.empty() ? "none" : now_committed.c_str(),
+               committed.empty() ? "none" : std::to_string(*committed.rbegin()).c_str(),
+               abandoned.empty() ? "none" : abandoned.c_str(), std::chrono::duration<double>(Clock::now() - start).count(),
+               std::chrono::duration<double>(options_.preemption.grace).count());
+  std::fflush(stderr);
+  sigterm_->RaisePrevious();
 }
 
 ManagerStats ManagerImpl::stats() const {

@@ -22,6 +22,7 @@
 
 #include "ckptio/checkpoint_manager.h"
 #include "pipeline/save_plan.h"
+#include "pipeline/sigterm.h"
 #include "pipeline/staging.h"
 #include "runtime/async_sync.h"
 #include "runtime/cpu_pool.h"
@@ -86,6 +87,9 @@ class ManagerImpl {
   Status Prune();
 
   const Options& options() const { return options_; }
+  void set_public(CheckpointManager* p) { public_ = p; }
+  void SetFinalSave(std::function<void(CheckpointManager&)> fn);
+  bool preempted() const;
   const std::string& root() const { return root_; }
   ManagerStats stats() const;
 
@@ -111,6 +115,10 @@ class ManagerImpl {
   Task<void> ComputeCrcs(SaveJob* job);
   Task<Status> TimedWrite(storage::CheckpointWriter* writer, const storage::FileImage* image, int64_t step);
   Task<void> SetLoopTracer();
+  // On the SIGTERM watcher's thread: see CheckpointManager::SetFinalSave.
+  void HandleSigterm();
+  // Waits (mu_ held by `lock`) until no save is in flight or the deadline.
+  bool WaitIdleUntil(std::unique_lock<std::mutex>& lock, Clock::time_point deadline);
   void ReleaseStaging(SaveJob* job);
   Task<Status> PruneNow();
   Task<Result<RestoredCheckpoint>> RestoreTask(int64_t step, const ProgressFn* progress);
@@ -129,6 +137,9 @@ class ManagerImpl {
   std::unique_ptr<storage::Storage> storage_;  // used on the loop thread only
   std::unique_ptr<StagingPool> staging_;
   std::unique_ptr<runtime::Tracer> tracer_;  // null unless trace.path is set
+  CheckpointManager* public_ = nullptr;
+  std::unique_ptr<SigtermWatcher> sigterm_;
+  std::function<void(CheckpointManager&)> final_save_;  // guarded by mu_
   runtime::AsyncSemaphore prune_lock_{1};      // loop thread only
 
   bool read_only_ = false;
@@ -140,6 +151,8 @@ class ManagerImpl {
   std::multiset<int64_t> readers_;
   int in_flight_ = 0;  // admitted saves not yet ended (commit and prune)
   Status pending_error_;  // a background failure not yet reported
+  bool preempting_ = false;           // SIGTERM: new saves are refused...
+  std::thread::id final_save_thread_;  // ...except from the final-save callback
   std::shared_ptr<SaveJob> last_job_;
   ManagerStats stats_;
 };
