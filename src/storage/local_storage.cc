@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -22,6 +23,8 @@ using runtime::Loop;
 using runtime::UniqueFd;
 
 constexpr size_t kDirectAlign = 4096;
+
+std::atomic<FsObserver*> g_observer{nullptr};
 
 size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -41,7 +44,7 @@ bool DirectEligible(const Segment& s) {
 
 // Deletes directory `name` under `dirfd` and the files in it (one level: a
 // checkpoint has no subdirectories). Runs on a pool thread: plain syscalls.
-Status RemoveTreeSync(int dirfd, const std::string& name, const std::string& root) {
+Status RemoveTreeSync(int dirfd, const std::string& name, const std::string& root, FsObserver* observer) {
   int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
     if (errno == ENOENT) return Status::Ok();
@@ -56,13 +59,17 @@ Status RemoveTreeSync(int dirfd, const std::string& name, const std::string& roo
   while (dirent* e = ::readdir(dir)) {
     std::string entry = e->d_name;
     if (entry == "." || entry == "..") continue;
-    if (::unlinkat(fd, entry.c_str(), 0) != 0 && errno != ENOENT && status.ok()) {
-      status = ErrnoToStatus(errno, "unlink", root + "/" + name + "/" + entry);
+    if (::unlinkat(fd, entry.c_str(), 0) != 0) {
+      if (errno != ENOENT && status.ok()) status = ErrnoToStatus(errno, "unlink", root + "/" + name + "/" + entry);
+    } else if (observer != nullptr) {
+      observer->Removed(name + "/" + entry);
     }
   }
   ::closedir(dir);
-  if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT && status.ok()) {
-    status = ErrnoToStatus(errno, "rmdir", root + "/" + name);
+  if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0) {
+    if (errno != ENOENT && status.ok()) status = ErrnoToStatus(errno, "rmdir", root + "/" + name);
+  } else if (observer != nullptr) {
+    observer->Removed(name);
   }
   return status;
 }
@@ -133,7 +140,15 @@ class LocalStorage final : public Storage {
   runtime::AsyncSemaphore& depth() { return depth_; }
   std::string PathOf(const std::string& rel) const { return root_ + "/" + rel; }
   Task<Status> RemoveTree(std::string name);
-  Task<Status> FsyncRoot() { co_return co_await loop_.Fsync(root_dir_); }
+  Task<Status> FsyncRoot() { co_return co_await Sync(&root_dir_, /*datasync=*/false, ""); }
+  FsObserver* observer() const { return observer_; }
+  // fsync (or fdatasync) of `*file`, the root-relative `path`, told to the
+  // test observer (if any) when it succeeds.
+  Task<Status> Sync(const File* file, bool datasync, std::string path) {
+    Status s = co_await loop_.Fsync(*file, datasync);
+    if (s.ok() && observer_ != nullptr) observer_->Synced(path);
+    co_return s;
+  }
 
  private:
   Loop& loop_;
@@ -143,11 +158,12 @@ class LocalStorage final : public Storage {
   LocalOptions options_;
   runtime::AsyncSemaphore depth_;
   UniqueFd lock_fd_;
+  FsObserver* observer_ = g_observer.load();
 };
 
 Task<Status> LocalStorage::RemoveTree(std::string name) {
   int fd = root_dir_.fd();
-  auto work = [fd, name, root = root_] { return RemoveTreeSync(fd, name, root); };
+  auto work = [fd, name, root = root_, observer = observer_] { return RemoveTreeSync(fd, name, root, observer); };
   co_return co_await pool_.Run(work);
 }
 
@@ -180,6 +196,7 @@ Task<Result<std::vector<Entry>>> LocalStorage::List() {
 Task<Result<std::unique_ptr<CheckpointWriter>>> LocalStorage::StartCheckpoint(std::string name, bool replace) {
   std::string tmp = name + kTmpMarker + Nonce();
   CO_TRY(co_await loop_.MkdirAt(root_dir_.fd(), tmp, 0755));
+  if (observer_ != nullptr) observer_->MadeDir(tmp);
   auto dir = co_await loop_.OpenAt(root_dir_.fd(), tmp, O_RDONLY | O_DIRECTORY);
   if (!dir.ok()) {
     Status cleanup = co_await RemoveTree(tmp);
@@ -222,6 +239,7 @@ Task<Status> LocalStorage::Remove(std::string name) {
     // Make the checkpoint disappear atomically before deleting anything.
     doomed = name + kTmpMarker + "del-" + Nonce();
     CO_TRY(co_await loop_.RenameAt(root_dir_.fd(), name, root_dir_.fd(), doomed));
+    if (observer_ != nullptr) observer_->Renamed(name, doomed, /*exchange=*/false);
     CO_TRY(co_await FsyncRoot());
   }
   co_return co_await RemoveTree(doomed);
@@ -291,11 +309,13 @@ Task<Status> LocalWriter::WriteFile(const FileImage* image) {
   bool direct = storage_->options().direct != Options::Io::Direct::kOff;
   for (const Segment& s : image->segments) direct = direct && DirectEligible(s);
   CO_ASSIGN_OR_RETURN(File f, co_await OpenForWrite(image->name, &direct));
+  const std::string rel = tmp_name_ + "/" + image->name;
+  if (storage_->observer() != nullptr) storage_->observer()->CreatedFile(rel);
   File file(UniqueFd(f.release()), tmp_dir_.path() + "/" + image->name);
   Status s = co_await WriteSegments(&file, image, direct);
   // fdatasync: the data and the size needed to read it back; the rename
   // protocol does not depend on timestamps.
-  if (s.ok()) s = co_await storage_->loop().Fsync(file, /*datasync=*/true);
+  if (s.ok()) s = co_await storage_->Sync(&file, /*datasync=*/true, rel);
   Status c = co_await storage_->loop().Close(file);
   co_return s.ok() ? c : s;
 }
@@ -303,15 +323,16 @@ Task<Status> LocalWriter::WriteFile(const FileImage* image) {
 Task<Status> LocalWriter::Commit(std::string manifest_json) {
   Loop& loop = storage_->loop();
   CO_ASSIGN_OR_RETURN(File m, co_await loop.OpenAt(tmp_dir_.fd(), "manifest.json", O_WRONLY | O_CREAT | O_EXCL));
+  if (storage_->observer() != nullptr) storage_->observer()->CreatedFile(tmp_name_ + "/manifest.json");
   File manifest(UniqueFd(m.release()), tmp_dir_.path() + "/manifest.json");
   Status s = co_await loop.Write(manifest, manifest_json.data(), manifest_json.size(), 0);
-  if (s.ok()) s = co_await loop.Fsync(manifest);
+  if (s.ok()) s = co_await storage_->Sync(&manifest, /*datasync=*/false, tmp_name_ + "/manifest.json");
   Status c = co_await loop.Close(manifest);
   CO_TRY(s);
   CO_TRY(c);
   // The directory's entries must be durable before the rename publishes
   // them, or a crash could leave a visible checkpoint with missing files.
-  CO_TRY(co_await loop.Fsync(tmp_dir_));
+  CO_TRY(co_await storage_->Sync(&tmp_dir_, /*datasync=*/false, tmp_name_));
   CO_TRY(co_await Publish());
   finished_ = true;
   co_return co_await loop.Close(tmp_dir_);
@@ -321,10 +342,13 @@ Task<Status> LocalWriter::Publish() {
   Loop& loop = storage_->loop();
   const int root = storage_->root_fd();
   Status renamed = co_await loop.RenameAt(root, tmp_name_, root, name_, RENAME_NOREPLACE);
+  FsObserver* observer = storage_->observer();
+  if (renamed.ok() && observer != nullptr) observer->Renamed(tmp_name_, name_, /*exchange=*/false);
   if (renamed.sys_errno() == EEXIST && replace_) {
     // Swap the new checkpoint in atomically; the old one ends up under the
     // tmp name and is removed below (or as debris after a crash).
     CO_TRY(co_await loop.RenameAt(root, tmp_name_, root, name_, RENAME_EXCHANGE));
+    if (observer != nullptr) observer->Renamed(tmp_name_, name_, /*exchange=*/true);
     CO_TRY(co_await storage_->FsyncRoot());
     co_return co_await storage_->RemoveTree(tmp_name_);
   }
@@ -343,6 +367,8 @@ Task<Status> LocalWriter::Abort() {
 }
 
 }  // namespace
+
+void SetFsObserverForTesting(FsObserver* observer) { g_observer = observer; }
 
 Task<Result<std::unique_ptr<Storage>>> OpenLocalStorage(Loop& loop, runtime::CpuPool& pool, std::string root,
                                                         LocalOptions options, bool create) {

@@ -36,6 +36,23 @@ struct LocalOptions {
 Task<Result<std::unique_ptr<Storage>>> OpenLocalStorage(runtime::Loop& loop, runtime::CpuPool& pool,
                                                         std::string root, LocalOptions options, bool create);
 
+// Test hook: hears of every change LocalStorage makes to the file system,
+// right after it is made, in order. Power-loss tests rebuild from it what a
+// disk keeps when power fails (what was synced, and nothing else). Paths are
+// relative to the root ("" is the root). Calls come from the loop thread and
+// the CPU pool: an observer must be thread-safe.
+class FsObserver {
+ public:
+  virtual ~FsObserver() = default;
+  virtual void MadeDir(const std::string& path) = 0;
+  virtual void CreatedFile(const std::string& path) = 0;
+  virtual void Synced(const std::string& path) = 0;  // fsync or fdatasync of a file or directory
+  virtual void Renamed(const std::string& from, const std::string& to, bool exchange) = 0;
+  virtual void Removed(const std::string& path) = 0;  // unlink or rmdir
+};
+// Installs the observer of every LocalStorage opened afterwards (null: none).
+void SetFsObserverForTesting(FsObserver* observer);
+
 // The marker of in-flight or half-removed checkpoint directories.
 inline constexpr const char* kTmpMarker = ".tmp-";
 
