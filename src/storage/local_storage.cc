@@ -144,7 +144,12 @@ class LocalStorage final : public Storage {
   FsObserver* observer() const { return observer_; }
   // fsync (or fdatasync) of `*file`, the root-relative `path`, told to the
   // test observer (if any) when it succeeds.
+  // The errno the test observer wants `op` on `path` to fail with, or 0.
+  int Injected(FsObserver::Op op, const std::string& path) const {
+    return observer_ != nullptr ? observer_->Inject(op, path) : 0;
+  }
   Task<Status> Sync(const File* file, bool datasync, std::string path) {
+    if (int e = Injected(FsObserver::Op::kSync, path)) co_return ErrnoToStatus(e, datasync ? "fdatasync" : "fsync", file->path());
     Status s = co_await loop_.Fsync(*file, datasync);
     if (s.ok() && observer_ != nullptr) observer_->Synced(path);
     co_return s;
@@ -238,6 +243,7 @@ Task<Status> LocalStorage::Remove(std::string name) {
   if (name.find(kTmpMarker) == std::string::npos) {
     // Make the checkpoint disappear atomically before deleting anything.
     doomed = name + kTmpMarker + "del-" + Nonce();
+    if (int e = Injected(FsObserver::Op::kRename, name)) co_return ErrnoToStatus(e, "rename", PathOf(name));
     CO_TRY(co_await loop_.RenameAt(root_dir_.fd(), name, root_dir_.fd(), doomed));
     if (observer_ != nullptr) observer_->Renamed(name, doomed, /*exchange=*/false);
     CO_TRY(co_await FsyncRoot());
@@ -283,6 +289,9 @@ Task<Result<File>> LocalWriter::OpenForWrite(std::string name, bool* direct) {
 Task<Status> LocalWriter::WriteSegments(const File* file, const FileImage* image, bool direct) {
   const LocalOptions& o = storage_->options();
   uint64_t written_end = 0;
+  if (int e = storage_->Injected(FsObserver::Op::kWrite, tmp_name_ + "/" + image->name)) {
+    co_return ErrnoToStatus(e, "write", file->path());
+  }
   if (direct && image->size > 0) {
     // Allocate the whole file first: an O_DIRECT write past the end of file
     // must update the size, which ext4 and XFS do synchronously (io_uring
@@ -341,6 +350,9 @@ Task<Status> LocalWriter::Commit(std::string manifest_json) {
 Task<Status> LocalWriter::Publish() {
   Loop& loop = storage_->loop();
   const int root = storage_->root_fd();
+  if (int e = storage_->Injected(FsObserver::Op::kRename, tmp_name_)) {
+    co_return ErrnoToStatus(e, "rename", storage_->PathOf(tmp_name_) + " to " + storage_->PathOf(name_));
+  }
   Status renamed = co_await loop.RenameAt(root, tmp_name_, root, name_, RENAME_NOREPLACE);
   FsObserver* observer = storage_->observer();
   if (renamed.ok() && observer != nullptr) observer->Renamed(tmp_name_, name_, /*exchange=*/false);

@@ -38,12 +38,20 @@ Task<Result<std::unique_ptr<Storage>>> OpenLocalStorage(runtime::Loop& loop, run
 
 // Test hook: hears of every change LocalStorage makes to the file system,
 // right after it is made, in order. Power-loss tests rebuild from it what a
-// disk keeps when power fails (what was synced, and nothing else). Paths are
+// disk keeps when power fails (what was synced, and nothing else). It can
+// also make an operation fail as a failing disk would (Inject): the test
+// double for EIO and ENOSPC at a chosen write, fsync or rename. Paths are
 // relative to the root ("" is the root). Calls come from the loop thread and
 // the CPU pool: an observer must be thread-safe.
 class FsObserver {
  public:
+  enum class Op { kWrite, kSync, kRename };
   virtual ~FsObserver() = default;
+  // Before `op` on `path`: an errno to fail it with instead, or 0 to proceed.
+  virtual int Inject(Op op, const std::string& path) {
+    (void)op, (void)path;
+    return 0;
+  }
   virtual void MadeDir(const std::string& path) = 0;
   virtual void CreatedFile(const std::string& path) = 0;
   virtual void Synced(const std::string& path) = 0;  // fsync or fdatasync of a file or directory

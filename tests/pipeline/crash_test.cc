@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -31,16 +33,20 @@ pid_t StartSaver(const std::string& exe, const std::string& root) {
   return pid;
 }
 
-TEST_CASE("a saver SIGKILLed at 20 random moments always leaves the previous or the new checkpoint") {
+// CKPTIO_KILLS sets the number of kills (make test: 50; tests/soak/sigkill_soak.sh: 1,000).
+TEST_CASE("a saver SIGKILLed at random moments always leaves the previous or the new checkpoint") {
   const char* exe = std::getenv("CKPTIO_CRASH_SAVER");
   REQUIRE_MESSAGE(exe != nullptr, "CKPTIO_CRASH_SAVER must name the crash_saver binary");
+  const char* kills_env = std::getenv("CKPTIO_KILLS");
+  const int kills = kills_env != nullptr ? std::atoi(kills_env) : 50;
+  int torn = 0, lost = 0, restored = 0;
   testing::TempDir dir;
   const unsigned seed = std::random_device{}();
   MESSAGE("kill-time seed " << seed);
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> delay_ms(20, 600);
   int64_t last_latest = 0;
-  for (int round = 0; round < 20; ++round) {
+  for (int round = 0; round < kills; ++round) {
     pid_t pid = StartSaver(exe, dir.path());
     REQUIRE(pid > 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
@@ -60,20 +66,27 @@ TEST_CASE("a saver SIGKILLed at 20 random moments always leaves the previous or 
     }
     std::optional<int64_t> latest = (*m)->LatestStep();
     if (!latest) continue;  // killed before the first commit
-    CHECK(*latest >= last_latest);
-    last_latest = *latest;
+    lost += *latest < last_latest;  // a committed checkpoint went missing
+    last_latest = std::max(last_latest, *latest);
     auto r = (*m)->Restore();
     REQUIRE_MESSAGE(r.ok(), "round " << round << ": " << r.status().ToString());
     auto want = testing::MakeState(*latest, 6, 200'000);
     REQUIRE(r->tensors.size() == want.size());
     bool equal = true;
     for (size_t i = 0; i < want.size(); ++i) equal = equal && r->tensors[i].bytes == want[i].bytes;
-    CHECK_MESSAGE(equal, "round " << round << ": step " << *latest << " is not bit-exact");
+    torn += !equal;
+    ++restored;
     for (int64_t step : (*m)->AllSteps()) {
       auto v = (*m)->Verify(step);
+      torn += !v.ok();
       CHECK_MESSAGE(v.ok(), v.status().ToString());
     }
   }
+  MESSAGE("SIGKILL soak: " << kills << " kills, " << restored << " restores checked, torn " << torn << ", lost "
+                           << lost);
+  std::printf("sigkill soak: kills %d, restores checked %d, torn %d, lost %d\n", kills, restored, torn, lost);
+  CHECK(torn == 0);
+  CHECK(lost == 0);
   CHECK(last_latest > 0);
 }
 
