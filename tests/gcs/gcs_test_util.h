@@ -28,6 +28,13 @@ class ProxyControl {
   void SetRules(const nlohmann::json& rules) { Post("/__proxy/rules", rules); }
   void Settings(const nlohmann::json& settings) { Post("/__proxy/settings", settings); }
   void Reset() { Post("/__proxy/reset", nlohmann::json::object()); }
+  // How many times the current rules fired.
+  int Fired() {
+    int n = 0;
+    nlohmann::json rules = Get("/__proxy/rules");
+    for (const auto& r : rules.is_array() ? rules : rules["rules"]) n += r.value("fired", 0);
+    return n;
+  }
   // Every request the proxy saw since the last Reset.
   nlohmann::json Log() { return Get("/__proxy/log")["entries"]; }
 
