@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "ckptio/barrier.h"
 #include "ckptio/options.h"
 #include "ckptio/status.h"
 #include "ckptio/tensor.h"
@@ -110,7 +111,15 @@ class CheckpointManager {
   // the lock if another process holds it), removes the debris of saves that
   // never committed, then allocates staging memory and pre-faults it in the
   // background.
-  static Result<std::unique_ptr<CheckpointManager>> Open(std::string root, Options options = {});
+  //
+  // Multi-host (options.multihost.process_count > 1): every process opens the
+  // same root with its own process_index; each saves its own tensors (names
+  // unique across processes) and process 0 commits them as one checkpoint.
+  // `barrier` is how the processes wait for each other (null: the
+  // storage-only fallback, see options.multihost.barrier). Only process 0
+  // takes the lock, recovers and prunes.
+  static Result<std::unique_ptr<CheckpointManager>> Open(std::string root, Options options = {},
+                                                         std::shared_ptr<Barrier> barrier = nullptr);
   // Opens an existing root for reading only: no lock (a trainer may be
   // writing meanwhile), no staging memory, no clean-up. Save, Delete and
   // Prune fail with FailedPrecondition. The list of steps is read at open;

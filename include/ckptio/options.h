@@ -113,6 +113,21 @@ struct Options {
     friend bool operator==(const Preemption&, const Preemption&) = default;
   } preemption;
 
+  struct MultiHost {
+    // This process's place among the processes that write one checkpoint
+    // together (each its own part of the state; process 0 commits).
+    int process_index = 0;
+    int process_count = 1;
+    // How the processes wait for each other: "auto" (the Barrier given to
+    // CheckpointManager::Open if any, else "storage"), "storage" (poll the
+    // checkpoint's location for the other processes' fragments and for the
+    // commit), or "callback" (the Barrier given to Open; e.g. MPI).
+    std::string barrier = "auto";
+    // A barrier that does not complete in this time fails the save.
+    std::chrono::milliseconds timeout{300000};
+    friend bool operator==(const MultiHost&, const MultiHost&) = default;
+  } multihost;
+
   friend bool operator==(const Options&, const Options&) = default;
 };
 

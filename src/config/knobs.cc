@@ -116,6 +116,11 @@ Status CheckHeaders(const std::map<std::string, std::string>& headers) {
   return Status::Ok();
 }
 
+Status CheckBarrierKind(std::string_view v) {
+  if (v == "auto" || v == "storage" || v == "callback") return Status::Ok();
+  return InvalidArgumentError("expected \"auto\", \"storage\" or \"callback\", got \"" + std::string(v) + "\"");
+}
+
 // ---- Enum choices ----
 
 constexpr Choice<SnapshotMode> kSnapshotChoices[] = {
@@ -210,7 +215,8 @@ const std::vector<Knob>& Table() {
            "Register staging buffers with io_uring (fixed buffers)."),
 
       Group("trace", "Tracing of the save pipeline."),
-      String(CKPTIO_KNOB(trace.path), "Write a Chrome trace-event JSON file here; empty = off."),
+      String(CKPTIO_KNOB(trace.path), "Write a Chrome trace-event JSON file here; empty = off.",
+             CheckNoControlChars),
 
       Group("gcs", "Google Cloud Storage (gs:// roots)."),
       String(CKPTIO_KNOB(gcs.endpoint),
@@ -247,6 +253,15 @@ const std::vector<Knob>& Table() {
       Bool(CKPTIO_KNOB(preemption.on_sigterm), "Save and exit when SIGTERM arrives."),
       Duration(CKPTIO_KNOB(preemption.grace), "Time the final save may take after SIGTERM.",
                milliseconds(0)),
+
+      Group("multihost", "Many processes writing one checkpoint together; process 0 commits."),
+      Int(CKPTIO_KNOB(multihost.process_index), "This process's index, in [0, process_count).", 0, 1 << 20),
+      Int(CKPTIO_KNOB(multihost.process_count), "Processes writing each checkpoint.", 1, 1 << 20),
+      String(CKPTIO_KNOB(multihost.barrier),
+             "\"auto\", \"storage\" (poll the checkpoint location) or \"callback\" (the Barrier given to Open).",
+             CheckBarrierKind),
+      Duration(CKPTIO_KNOB(multihost.timeout), "A barrier that does not complete in this time fails the save.",
+               milliseconds(1)),
   };
   return table;
 }

@@ -9,6 +9,22 @@ namespace ckptio {
 
 using pipeline::SaveState;
 
+namespace {
+class Callback final : public Barrier {
+ public:
+  explicit Callback(std::function<Status(const std::string&, std::chrono::milliseconds)> fn) : fn_(std::move(fn)) {}
+  Status Wait(const std::string& name, std::chrono::milliseconds timeout) override { return fn_(name, timeout); }
+
+ private:
+  std::function<Status(const std::string&, std::chrono::milliseconds)> fn_;
+};
+}  // namespace
+
+std::shared_ptr<Barrier> CallbackBarrier(
+    std::function<Status(const std::string& name, std::chrono::milliseconds timeout)> fn) {
+  return std::make_shared<Callback>(std::move(fn));
+}
+
 int64_t SaveHandle::step() const { return state_ ? state_->step : -1; }
 bool SaveHandle::skipped() const { return state_ && state_->skipped; }
 
@@ -48,13 +64,16 @@ SaveTimings SaveHandle::timings() const {
   return state_->timings;
 }
 
-Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(std::string root, Options options) {
-  ASSIGN_OR_RETURN(auto impl, pipeline::ManagerImpl::Open(std::move(root), std::move(options), /*read_only=*/false));
+Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(std::string root, Options options,
+                                                                    std::shared_ptr<Barrier> barrier) {
+  ASSIGN_OR_RETURN(auto impl, pipeline::ManagerImpl::Open(std::move(root), std::move(options), /*read_only=*/false,
+                                                          std::move(barrier)));
   return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
 }
 
 Result<std::unique_ptr<CheckpointManager>> CheckpointManager::OpenReadOnly(std::string root, Options options) {
-  ASSIGN_OR_RETURN(auto impl, pipeline::ManagerImpl::Open(std::move(root), std::move(options), /*read_only=*/true));
+  ASSIGN_OR_RETURN(auto impl,
+                   pipeline::ManagerImpl::Open(std::move(root), std::move(options), /*read_only=*/true, nullptr));
   return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
 }
 

@@ -47,7 +47,8 @@ void SaveState::Finish(Status s) {
   cv.notify_all();
 }
 
-Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options options, bool read_only) {
+Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options options, bool read_only,
+                                                       std::shared_ptr<Barrier> barrier) {
   if (root.rfind("file://", 0) == 0) root = root.substr(7);
   if (root.empty()) return InvalidArgumentError("checkpoint root is empty");
   while (root.size() > 1 && root.back() == '/') root.pop_back();
@@ -62,8 +63,15 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
     RETURN_IF_ERROR(m->loop().BlockOn(m->Refresh(/*remove_debris=*/false)));
     return m;
   }
-  RETURN_IF_ERROR(m->loop().BlockOn(m->LockTask()));
-  RETURN_IF_ERROR(m->loop().BlockOn(m->Refresh(/*remove_debris=*/true)));
+  RETURN_IF_ERROR(m->SetUpMultihost(std::move(barrier)));
+  if (m->leader()) {  // the one writer of the root (process 0 of a multi-host job)
+    RETURN_IF_ERROR(m->loop().BlockOn(m->LockTask()));
+    RETURN_IF_ERROR(m->loop().BlockOn(m->Refresh(/*remove_debris=*/true)));
+  } else {
+    RETURN_IF_ERROR(m->loop().BlockOn(m->Refresh(/*remove_debris=*/false)));
+  }
+  // Nobody writes before process 0 has cleared the debris of earlier runs.
+  if (m->multihost()) RETURN_IF_ERROR(m->loop().BlockOn(m->BarrierWait("open")));
   runtime::Loop* loop = &m->loop();
   StagingPool::PrefaultedFn on_prefaulted;
   if (m->options_.io.register_buffers) {
@@ -161,10 +169,13 @@ Task<Status> ManagerImpl::Refresh(bool remove_debris) {
   if (!remove_debris) co_return Status::Ok();
   // Debris: anything tmp-marked (we hold the writer lock, so no save of ours
   // is in flight), and unfinished steps older than the newest commit (a
-  // remote store has no tmp names; a newer one may still be in flight).
+  // remote store has no tmp names; a newer one may still be in flight). In a
+  // multi-host job other processes may be writing a newer step already:
+  // only what is older than the newest commit is debris there.
   int64_t newest = committed.empty() ? -1 : *committed.rbegin();
   for (const auto& [step, name] : unfinished) {
-    if (name.find(storage::kTmpMarker) == std::string::npos && step >= newest) continue;
+    bool tmp = name.find(storage::kTmpMarker) != std::string::npos;
+    if ((!tmp || multihost()) && step >= newest) continue;
     Status s = co_await storage_->Remove(name);
     if (!s.ok()) co_return s.WithContext("cannot remove the debris of an unfinished save in " + root_);
   }
@@ -310,7 +321,7 @@ Task<void> ManagerImpl::RunSave(std::shared_ptr<SaveJob> job) {
   }
   const bool committed = s.ok();
   job->state->Finish(std::move(s));  // the caller waits for the commit, not for pruning
-  if (committed) {
+  if (committed && leader()) {
     Status p = co_await PruneNow();
     if (!p.ok()) {
       std::lock_guard lock(mu_);
@@ -352,6 +363,7 @@ Task<Status> ManagerImpl::TimedWrite(storage::CheckpointWriter* writer, const st
 }
 
 Task<Status> ManagerImpl::Persist(SaveJob* job) {
+  if (multihost()) co_return co_await PersistShared(job);
   const int64_t step = job->plan.step;
   CO_ASSIGN_OR_RETURN(std::unique_ptr<storage::CheckpointWriter> writer,
                       co_await storage_->StartCheckpoint(StepName(step), options_.overwrite));

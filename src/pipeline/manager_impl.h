@@ -70,7 +70,8 @@ struct SaveJob {
 
 class ManagerImpl {
  public:
-  static Result<std::unique_ptr<ManagerImpl>> Open(std::string root, Options options, bool read_only);
+  static Result<std::unique_ptr<ManagerImpl>> Open(std::string root, Options options, bool read_only,
+                                                   std::shared_ptr<Barrier> barrier);
   ~ManagerImpl();
 
   Result<SaveHandle> Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json);
@@ -97,6 +98,18 @@ class ManagerImpl {
   ManagerImpl(std::string root, Options options) : options_(std::move(options)), root_(std::move(root)) {}
   runtime::Loop& loop() { return loop_thread_->loop(); }
   std::string StepName(int64_t step) const { return options_.prefix + std::to_string(step); }
+
+  // ---- multi-host (multihost.cc) ----
+  bool multihost() const { return options_.multihost.process_count > 1; }
+  bool leader() const { return options_.multihost.process_index == 0; }
+  Status SetUpMultihost(std::shared_ptr<Barrier> barrier);
+  // Waits at barrier `name` (callback barriers only; the storage fallback
+  // polls instead), on the barrier thread.
+  Task<Status> BarrierWait(std::string name);
+  Task<Status> PersistShared(SaveJob* job);
+  Task<Status> WriteFragment(SaveJob* job, storage::CheckpointWriter* writer, const Status& written);
+  Task<Result<format::Manifest>> GatherFragments(SaveJob* job, storage::CheckpointWriter* writer);
+  Task<Status> AwaitCommit(int64_t step);
 
   // FailedPrecondition if this manager was opened read-only.
   Status CheckWritable(std::string_view what) const;
@@ -138,6 +151,8 @@ class ManagerImpl {
   std::unique_ptr<StagingPool> staging_;
   std::unique_ptr<runtime::Tracer> tracer_;  // null unless trace.path is set
   CheckpointManager* public_ = nullptr;
+  std::shared_ptr<Barrier> barrier_;                 // null: the storage fallback
+  std::unique_ptr<runtime::CpuPool> barrier_thread_;  // runs blocking barrier waits
   std::unique_ptr<SigtermWatcher> sigterm_;
   std::function<void(CheckpointManager&)> final_save_;  // guarded by mu_
   runtime::AsyncSemaphore prune_lock_{1};      // loop thread only

@@ -1,6 +1,7 @@
 #include "pipeline/save_plan.h"
 
 #include <chrono>
+#include <cstdio>
 
 #include "format/crc32c.h"
 #include "pipeline/staging.h"
@@ -27,7 +28,13 @@ Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, cons
     plan.specs.push_back({t.name, t.dtype, t.shape, *bytes});
     plan.sources.push_back(static_cast<const char*>(t.data));
   }
-  ASSIGN_OR_RETURN(plan.shards, format::PlanShards(plan.specs, options.shard_size, StagingPool::kAlign));
+  std::string shard_prefix = "shard-";
+  if (options.multihost.process_count > 1) {
+    char p[32];
+    std::snprintf(p, sizeof p, "shard-p%05d-", options.multihost.process_index);
+    shard_prefix = p;
+  }
+  ASSIGN_OR_RETURN(plan.shards, format::PlanShards(plan.specs, options.shard_size, StagingPool::kAlign, shard_prefix));
   uint64_t offset = 0;
   for (const format::PlannedShard& s : plan.shards) {
     plan.prefix_crc.push_back(format::Crc32c(s.prefix.data(), s.prefix.size()));

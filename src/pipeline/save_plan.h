@@ -32,6 +32,7 @@ struct SavePlan {
 
 // Validates the tensors (names, dtypes, shapes, null data) and plans shards.
 // Errors are InvalidArgument naming the tensor.
+// Multi-host saves name shards after the process ("shard-p00003-00000...").
 Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, const Options& options);
 
 // The byte ranges CRC32C is computed over: every tensor split into pieces of

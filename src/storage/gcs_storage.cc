@@ -25,6 +25,8 @@ class GcsWriter final : public CheckpointWriter {
  public:
   GcsWriter(GcsStorage* storage, std::string name) : storage_(storage), name_(std::move(name)) {}
   Task<Status> WriteFile(const FileImage* image) override;
+  Task<Status> WriteSmall(std::string name, std::string bytes) override;
+  Task<Result<std::string>> ReadSmall(std::string name, uint64_t max_bytes) override;
   Task<Status> Commit(std::string manifest_json) override;
   Task<Status> Abort() override;
 
@@ -64,7 +66,8 @@ class GcsStorage final : public Storage {
 
   const std::string& root() const override { return root_; }
   Task<Result<std::vector<Entry>>> List() override;
-  Task<Result<std::unique_ptr<CheckpointWriter>>> StartCheckpoint(std::string name, bool replace) override;
+  Task<Result<std::unique_ptr<CheckpointWriter>>> StartCheckpoint(std::string name, bool replace,
+                                                                 bool shared) override;
   Task<Result<std::string>> ReadSmallFile(std::string checkpoint, std::string file, uint64_t max_bytes) override;
   Task<Result<std::unique_ptr<ReadableFile>>> OpenFile(std::string checkpoint, std::string file) override;
   Task<Status> Remove(std::string name) override;
@@ -105,7 +108,11 @@ Task<Result<std::vector<Entry>>> GcsStorage::List() {
   co_return out;
 }
 
-Task<Result<std::unique_ptr<CheckpointWriter>>> GcsStorage::StartCheckpoint(std::string name, bool replace) {
+Task<Result<std::unique_ptr<CheckpointWriter>>> GcsStorage::StartCheckpoint(std::string name, bool replace,
+                                                                            bool shared) {
+  // Objects go in place whether one process writes or many (`shared`): each
+  // writer's Abort deletes only its own objects anyway.
+  (void)shared;
   if (replace) {
     // Objects are overwritten in place, so the old checkpoint must go first
     // (manifest first): on GCS a replacement is not atomic, but never torn.
@@ -151,6 +158,17 @@ Task<Status> GcsWriter::WriteFile(const FileImage* image) {
   uploaded_.push_back(object);
   auto meta = co_await storage_->client().Upload(storage_->bucket(), object, &source);
   co_return meta.status();
+}
+
+Task<Status> GcsWriter::WriteSmall(std::string name, std::string bytes) {
+  const std::string object = storage_->Object(name_, name);
+  uploaded_.push_back(object);
+  auto meta = co_await storage_->client().UploadSmall(storage_->bucket(), object, std::move(bytes), std::nullopt);
+  co_return meta.status();
+}
+
+Task<Result<std::string>> GcsWriter::ReadSmall(std::string name, uint64_t max_bytes) {
+  co_return co_await storage_->client().ReadAll(storage_->bucket(), storage_->Object(name_, name), max_bytes);
 }
 
 Task<Status> GcsWriter::Commit(std::string manifest_json) {

@@ -78,17 +78,20 @@ class LocalStorage;
 
 class LocalWriter final : public CheckpointWriter {
  public:
-  LocalWriter(LocalStorage* storage, std::string name, std::string tmp_name, File tmp_dir, bool replace)
+  LocalWriter(LocalStorage* storage, std::string name, std::string tmp_name, File tmp_dir, bool replace, bool shared)
       : storage_(storage), name_(std::move(name)), tmp_name_(std::move(tmp_name)),
-        tmp_dir_(std::move(tmp_dir)), replace_(replace) {}
+        tmp_dir_(std::move(tmp_dir)), replace_(replace), shared_(shared) {}
   ~LocalWriter() override;
 
   Task<Status> WriteFile(const FileImage* image) override;
+  Task<Status> WriteSmall(std::string name, std::string bytes) override;
+  Task<Result<std::string>> ReadSmall(std::string name, uint64_t max_bytes) override;
   Task<Status> Commit(std::string manifest_json) override;
   Task<Status> Abort() override;
 
  private:
   Task<Result<File>> OpenForWrite(std::string name, bool* direct);
+  Task<Status> RemoveOwnFiles();
   Task<Status> WriteSegments(const File* file, const FileImage* image, bool direct);
   Task<Status> Publish();
 
@@ -97,6 +100,11 @@ class LocalWriter final : public CheckpointWriter {
   std::string tmp_name_;
   File tmp_dir_;
   bool replace_;
+  // Several processes write this tmp dir (a multi-host save): files are
+  // opened with O_TRUNC (a crashed earlier attempt may have left them), and
+  // Abort removes only this writer's files.
+  bool shared_;
+  std::vector<std::string> created_;  // files this writer created
   bool finished_ = false;
 };
 
@@ -127,7 +135,8 @@ class LocalStorage final : public Storage {
 
   const std::string& root() const override { return root_; }
   Task<Result<std::vector<Entry>>> List() override;
-  Task<Result<std::unique_ptr<CheckpointWriter>>> StartCheckpoint(std::string name, bool replace) override;
+  Task<Result<std::unique_ptr<CheckpointWriter>>> StartCheckpoint(std::string name, bool replace,
+                                                                 bool shared) override;
   Task<Result<std::string>> ReadSmallFile(std::string checkpoint, std::string file,
                                           uint64_t max_bytes) override;
   Task<Result<std::unique_ptr<ReadableFile>>> OpenFile(std::string checkpoint, std::string file) override;
@@ -198,10 +207,15 @@ Task<Result<std::vector<Entry>>> LocalStorage::List() {
   co_return co_await pool_.Run(work);
 }
 
-Task<Result<std::unique_ptr<CheckpointWriter>>> LocalStorage::StartCheckpoint(std::string name, bool replace) {
-  std::string tmp = name + kTmpMarker + Nonce();
-  CO_TRY(co_await loop_.MkdirAt(root_dir_.fd(), tmp, 0755));
-  if (observer_ != nullptr) observer_->MadeDir(tmp);
+Task<Result<std::unique_ptr<CheckpointWriter>>> LocalStorage::StartCheckpoint(std::string name, bool replace,
+                                                                              bool shared) {
+  // A shared checkpoint's tmp dir has a name every process can compute.
+  std::string tmp = name + kTmpMarker + (shared ? std::string("shared") : Nonce());
+  Status made = co_await loop_.MkdirAt(root_dir_.fd(), tmp, 0755);
+  if (!(shared && made.sys_errno() == EEXIST)) {
+    CO_TRY(made);
+    if (observer_ != nullptr) observer_->MadeDir(tmp);
+  }
   auto dir = co_await loop_.OpenAt(root_dir_.fd(), tmp, O_RDONLY | O_DIRECTORY);
   if (!dir.ok()) {
     Status cleanup = co_await RemoveTree(tmp);
@@ -210,7 +224,7 @@ Task<Result<std::unique_ptr<CheckpointWriter>>> LocalStorage::StartCheckpoint(st
   }
   File tmp_dir(UniqueFd(dir->release()), PathOf(tmp));
   co_return std::unique_ptr<CheckpointWriter>(
-      new LocalWriter(this, std::move(name), std::move(tmp), std::move(tmp_dir), replace));
+      new LocalWriter(this, std::move(name), std::move(tmp), std::move(tmp_dir), replace, shared));
 }
 
 Task<Result<std::string>> LocalStorage::ReadSmallFile(std::string checkpoint, std::string file,
@@ -271,7 +285,7 @@ LocalWriter::~LocalWriter() = default;
 
 Task<Result<File>> LocalWriter::OpenForWrite(std::string name, bool* direct) {
   Loop& loop = storage_->loop();
-  const int base = O_WRONLY | O_CREAT | O_EXCL;
+  const int base = O_WRONLY | O_CREAT | (shared_ ? O_TRUNC : O_EXCL);
   if (*direct) {
     auto f = co_await loop.OpenAt(tmp_dir_.fd(), name, base | O_DIRECT);
     if (f.ok() || f.status().sys_errno() != EINVAL ||
@@ -319,6 +333,7 @@ Task<Status> LocalWriter::WriteFile(const FileImage* image) {
   for (const Segment& s : image->segments) direct = direct && DirectEligible(s);
   CO_ASSIGN_OR_RETURN(File f, co_await OpenForWrite(image->name, &direct));
   const std::string rel = tmp_name_ + "/" + image->name;
+  created_.push_back(image->name);
   if (storage_->observer() != nullptr) storage_->observer()->CreatedFile(rel);
   File file(UniqueFd(f.release()), tmp_dir_.path() + "/" + image->name);
   Status s = co_await WriteSegments(&file, image, direct);
@@ -371,9 +386,45 @@ Task<Status> LocalWriter::Publish() {
   co_return co_await storage_->FsyncRoot();
 }
 
+Task<Status> LocalWriter::WriteSmall(std::string name, std::string bytes) {
+  Loop& loop = storage_->loop();
+  CO_ASSIGN_OR_RETURN(File f, co_await loop.OpenAt(tmp_dir_.fd(), name, O_WRONLY | O_CREAT | O_TRUNC));
+  const std::string rel = tmp_name_ + "/" + name;
+  created_.push_back(name);
+  if (storage_->observer() != nullptr) storage_->observer()->CreatedFile(rel);
+  File file(UniqueFd(f.release()), tmp_dir_.path() + "/" + name);
+  Status s = co_await loop.Write(file, bytes.data(), bytes.size(), 0);
+  if (s.ok()) s = co_await storage_->Sync(&file, /*datasync=*/false, rel);
+  Status c = co_await loop.Close(file);
+  co_return s.ok() ? c : s;
+}
+
+Task<Result<std::string>> LocalWriter::ReadSmall(std::string name, uint64_t max_bytes) {
+  co_return co_await storage_->ReadSmallFile(tmp_name_, std::move(name), max_bytes);
+}
+
+Task<Status> LocalWriter::RemoveOwnFiles() {
+  Status first;
+  for (const std::string& name : created_) {
+    Status s = co_await storage_->loop().UnlinkAt(tmp_dir_.fd(), name);
+    if (s.ok() && storage_->observer() != nullptr) storage_->observer()->Removed(tmp_name_ + "/" + name);
+    if (!s.ok() && s.code() != StatusCode::kNotFound && first.ok()) first = std::move(s);
+  }
+  co_return first;
+}
+
 Task<Status> LocalWriter::Abort() {
   if (finished_) co_return Status::Ok();
   finished_ = true;
+  if (shared_) {
+    // Other processes may still be writing here: take back only our files;
+    // the directory is debris for recovery once a newer step commits.
+    Status s = co_await RemoveOwnFiles();
+    // (No co_await inside ?: — g++ 12 mishandles the temporaries there.)
+    Status c;
+    if (tmp_dir_.valid()) c = co_await storage_->loop().Close(tmp_dir_);
+    co_return s.ok() ? c : s;
+  }
   if (tmp_dir_.valid()) CO_TRY(co_await storage_->loop().Close(tmp_dir_));
   co_return co_await storage_->RemoveTree(tmp_name_);
 }

@@ -56,10 +56,15 @@ class CheckpointWriter {
   virtual ~CheckpointWriter() = default;
   // Writes one file completely and durably. Files may be written concurrently.
   virtual Task<Status> WriteFile(const FileImage* image) = 0;
+  // Writes a small file (a multi-host fragment) completely and durably.
+  virtual Task<Status> WriteSmall(std::string name, std::string bytes) = 0;
+  // Reads a small file of this unfinished checkpoint (NotFound if absent):
+  // how process 0 of a multi-host save gathers the others' fragments.
+  virtual Task<Result<std::string>> ReadSmall(std::string name, uint64_t max_bytes) = 0;
   // Writes the manifest and makes the checkpoint visible, atomically and
   // durably. REQUIRES: every WriteFile finished OK.
   virtual Task<Status> Commit(std::string manifest_json) = 0;
-  // Removes whatever was written; the checkpoint never becomes visible.
+  // Removes whatever this writer wrote; the checkpoint never becomes visible.
   virtual Task<Status> Abort() = 0;
 };
 
@@ -87,9 +92,11 @@ class Storage {
   // Names directly under the root (directories or object prefixes).
   virtual Task<Result<std::vector<Entry>>> List() = 0;
   // Starts writing checkpoint `name`. With `replace`, Commit() replaces a
-  // committed checkpoint of that name atomically.
-  virtual Task<Result<std::unique_ptr<CheckpointWriter>>> StartCheckpoint(std::string name,
-                                                                         bool replace) = 0;
+  // committed checkpoint of that name atomically. With `shared`, several
+  // processes write the same checkpoint at once (each its own files) and one
+  // of them commits it: the in-flight location is the same for all of them.
+  virtual Task<Result<std::unique_ptr<CheckpointWriter>>> StartCheckpoint(std::string name, bool replace,
+                                                                         bool shared = false) = 0;
   // Reads a whole small file (the manifest); error if it exceeds max_bytes.
   virtual Task<Result<std::string>> ReadSmallFile(std::string checkpoint, std::string file,
                                                   uint64_t max_bytes) = 0;
