@@ -21,7 +21,7 @@ DEMO_ARGS ?=
 
 APT_PACKAGES := g++ make meson ninja-build pkg-config cmake python3 python3-venv \
   liburing-dev libcurl4-openssl-dev libssl-dev nlohmann-json3-dev doctest-dev libisal-dev \
-  fio
+  fio openmpi-bin libopenmpi-dev
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
