@@ -87,13 +87,24 @@ Task<Result<format::Manifest>> ManagerImpl::GatherFragments(SaveJob* job, storag
   const int64_t oldest_ms = NowMs() - options_.multihost.timeout.count();
   std::vector<std::optional<format::Manifest>> got(count);
   for (;;) {
-    std::vector<int> missing;
+    // Every missing fragment at once: the reads run in parallel over the
+    // connection pool, so gathering costs about one round trip per
+    // `connections` fragments, not one per process.
+    std::vector<int> wanted;
+    std::vector<Task<Result<std::string>>> reads;
     for (int p = 0; p < count; ++p) {
       if (got[p]) continue;
-      auto bytes = co_await writer->ReadSmall(FragmentName(p), format::kMaxManifestBytes);
-      if (!bytes.ok() && bytes.status().code() != StatusCode::kNotFound) co_return bytes.status();
-      if (bytes.ok()) {
-        CO_ASSIGN_OR_RETURN(format::Manifest f, format::ParseManifest(StepName(step) + "/" + FragmentName(p), *bytes));
+      wanted.push_back(p);
+      reads.push_back(writer->ReadSmall(FragmentName(p), format::kMaxManifestBytes));
+    }
+    std::vector<Result<std::string>> bytes = co_await WhenAll(std::move(reads));
+    std::vector<int> missing;
+    for (size_t i = 0; i < wanted.size(); ++i) {
+      const int p = wanted[i];
+      if (!bytes[i].ok() && bytes[i].status().code() != StatusCode::kNotFound) co_return bytes[i].status();
+      if (bytes[i].ok()) {
+        CO_ASSIGN_OR_RETURN(format::Manifest f,
+                            format::ParseManifest(StepName(step) + "/" + FragmentName(p), *bytes[i]));
         if (f.step == step && f.metadata.value("written_at_ms", int64_t{0}) >= oldest_ms) got[p] = std::move(f);
       }
       if (!got[p]) missing.push_back(p);

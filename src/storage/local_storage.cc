@@ -387,16 +387,23 @@ Task<Status> LocalWriter::Publish() {
 }
 
 Task<Status> LocalWriter::WriteSmall(std::string name, std::string bytes) {
+  // Written aside and renamed into place, so that another process polling
+  // for it sees nothing or all of it.
   Loop& loop = storage_->loop();
-  CO_ASSIGN_OR_RETURN(File f, co_await loop.OpenAt(tmp_dir_.fd(), name, O_WRONLY | O_CREAT | O_TRUNC));
-  const std::string rel = tmp_name_ + "/" + name;
-  created_.push_back(name);
-  if (storage_->observer() != nullptr) storage_->observer()->CreatedFile(rel);
-  File file(UniqueFd(f.release()), tmp_dir_.path() + "/" + name);
+  const std::string partial = name + ".partial";
+  CO_ASSIGN_OR_RETURN(File f, co_await loop.OpenAt(tmp_dir_.fd(), partial, O_WRONLY | O_CREAT | O_TRUNC));
+  FsObserver* observer = storage_->observer();
+  if (observer != nullptr) observer->CreatedFile(tmp_name_ + "/" + partial);
+  File file(UniqueFd(f.release()), tmp_dir_.path() + "/" + partial);
   Status s = co_await loop.Write(file, bytes.data(), bytes.size(), 0);
-  if (s.ok()) s = co_await storage_->Sync(&file, /*datasync=*/false, rel);
+  if (s.ok()) s = co_await storage_->Sync(&file, /*datasync=*/false, tmp_name_ + "/" + partial);
   Status c = co_await loop.Close(file);
-  co_return s.ok() ? c : s;
+  CO_TRY(s);
+  CO_TRY(c);
+  CO_TRY(co_await loop.RenameAt(tmp_dir_.fd(), partial, tmp_dir_.fd(), name));
+  if (observer != nullptr) observer->Renamed(tmp_name_ + "/" + partial, tmp_name_ + "/" + name, /*exchange=*/false);
+  created_.push_back(name);
+  co_return Status::Ok();
 }
 
 Task<Result<std::string>> LocalWriter::ReadSmall(std::string name, uint64_t max_bytes) {
