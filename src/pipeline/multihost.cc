@@ -18,6 +18,7 @@
 
 #include "ckptio/when_all.h"
 #include "format/manifest.h"
+#include "pipeline/fragments.h"
 #include "pipeline/manager_impl.h"
 #include "runtime/io_ops.h"
 
@@ -26,18 +27,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr std::chrono::milliseconds kPollInterval{20};
-
-std::string FragmentName(int process) {
-  char b[64];
-  std::snprintf(b, sizeof b, "fragment-p%05d.json", process);
-  return b;
-}
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
+constexpr std::chrono::milliseconds kPollInterval{20};  // a follower polls 5x slower
 
 }  // namespace
 
@@ -64,85 +54,17 @@ Task<Status> ManagerImpl::BarrierWait(std::string name) {
 }
 
 Task<Status> ManagerImpl::WriteFragment(SaveJob* job, storage::CheckpointWriter* writer, const Status& written) {
-  // A fragment is a manifest of this process's tensors and shards, or of
-  // nothing but the error that stopped it, so process 0 can say why.
-  format::Manifest m;
-  if (written.ok()) m = MakeManifest(job->plan, job->tensor_crc, job->shard_crc, Json::object());
-  m.step = job->plan.step;
-  m.created = format::FormatRfc3339Utc(std::chrono::system_clock::now());
-  m.writer = std::string("ckptio ") + CKPTIO_VERSION;
-  m.metadata = {{"process_index", options_.multihost.process_index},
-                {"process_count", options_.multihost.process_count},
-                {"written_at_ms", NowMs()}};
-  if (!written.ok()) m.metadata["error"] = written.message();
-  co_return co_await writer->WriteSmall(FragmentName(options_.multihost.process_index), format::SerializeManifest(m));
+  format::Manifest part;
+  if (written.ok()) part = MakeManifest(job->plan, job->tensor_crc, job->shard_crc, nlohmann::json::object());
+  std::string fragment = MakeFragment(std::move(part), job->plan.step, options_.multihost.process_index,
+                                      options_.multihost.process_count, written);
+  co_return co_await writer->WriteSmall(FragmentName(options_.multihost.process_index), std::move(fragment));
 }
 
 Task<Result<format::Manifest>> ManagerImpl::GatherFragments(SaveJob* job, storage::CheckpointWriter* writer) {
-  const int count = options_.multihost.process_count;
-  const int64_t step = job->plan.step;
-  const auto deadline = Clock::now() + options_.multihost.timeout;
-  // Fragments older than this are left over from an earlier attempt at the
-  // same step (the storage fallback cannot tell otherwise).
-  const int64_t oldest_ms = NowMs() - options_.multihost.timeout.count();
-  std::vector<std::optional<format::Manifest>> got(count);
-  for (;;) {
-    // Every missing fragment at once: the reads run in parallel over the
-    // connection pool, so gathering costs about one round trip per
-    // `connections` fragments, not one per process.
-    std::vector<int> wanted;
-    std::vector<Task<Result<std::string>>> reads;
-    for (int p = 0; p < count; ++p) {
-      if (got[p]) continue;
-      wanted.push_back(p);
-      reads.push_back(writer->ReadSmall(FragmentName(p), format::kMaxManifestBytes));
-    }
-    std::vector<Result<std::string>> bytes = co_await WhenAll(std::move(reads));
-    std::vector<int> missing;
-    for (size_t i = 0; i < wanted.size(); ++i) {
-      const int p = wanted[i];
-      if (!bytes[i].ok() && bytes[i].status().code() != StatusCode::kNotFound) co_return bytes[i].status();
-      if (bytes[i].ok()) {
-        CO_ASSIGN_OR_RETURN(format::Manifest f,
-                            format::ParseManifest(StepName(step) + "/" + FragmentName(p), *bytes[i]));
-        if (f.step == step && f.metadata.value("written_at_ms", int64_t{0}) >= oldest_ms) got[p] = std::move(f);
-      }
-      if (!got[p]) missing.push_back(p);
-    }
-    if (missing.empty()) break;
-    if (barrier_ != nullptr || Clock::now() >= deadline) {
-      std::string who;
-      for (int p : missing) who += (who.empty() ? "" : ", ") + std::to_string(p);
-      co_return DeadlineExceededError("barrier \"written/" + std::to_string(step) + "\": no fragment from process" +
-                                      (missing.size() > 1 ? "es " : " ") + who + " after " +
-                                      std::to_string(options_.multihost.timeout.count()) + " ms");
-    }
-    Status slept = co_await loop().Sleep(kPollInterval);
-    slept.IgnoreError();
-  }
-  // Merge: every process's shards and tensors, in process order.
-  format::Manifest merged;
-  merged.step = step;
-  merged.created = format::FormatRfc3339Utc(std::chrono::system_clock::now());
-  merged.writer = std::string("ckptio ") + CKPTIO_VERSION;
-  merged.metadata = job->metadata;
-  for (int p = 0; p < count; ++p) {
-    const format::Manifest& f = *got[p];
-    if (f.metadata.contains("error")) {
-      co_return UnavailableError("process " + std::to_string(p) + " failed to write its part of step " +
-                                 std::to_string(step) + ": " + f.metadata["error"].get<std::string>());
-    }
-    const auto base = static_cast<uint32_t>(merged.shards.size());
-    merged.shards.insert(merged.shards.end(), f.shards.begin(), f.shards.end());
-    for (format::ManifestTensor t : f.tensors) {
-      t.shard += base;
-      merged.tensors.push_back(std::move(t));
-    }
-  }
-  CO_TRY(format::ValidateManifest(StepName(step) + "/manifest.json (merged from " + std::to_string(count) +
-                                      " fragments)",
-                                  merged));
-  co_return merged;
+  GatherSpec spec{options_.multihost.process_count, job->plan.step, StepName(job->plan.step),
+                  options_.multihost.timeout, /*poll=*/barrier_ == nullptr, job->metadata};
+  co_return co_await pipeline::GatherFragments(loop(), writer, std::move(spec));
 }
 
 Task<Status> ManagerImpl::AwaitCommit(int64_t step) {

@@ -1,0 +1,108 @@
+#include "pipeline/fragments.h"
+
+#include <cstdio>
+#include <optional>
+#include <vector>
+
+#include "ckptio/when_all.h"
+#include "runtime/io_ops.h"
+
+namespace ckptio::pipeline {
+namespace {
+
+constexpr std::chrono::milliseconds kPollInterval{20};
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+std::string FragmentName(int process) {
+  char b[64];
+  std::snprintf(b, sizeof b, "fragment-p%05d.json", process);
+  return b;
+}
+
+std::string MakeFragment(format::Manifest part, int64_t step, int index, int count, const Status& error) {
+  if (!error.ok()) {
+    part.tensors.clear();
+    part.shards.clear();
+  }
+  part.step = step;
+  part.created = format::FormatRfc3339Utc(std::chrono::system_clock::now());
+  part.writer = std::string("ckptio ") + CKPTIO_VERSION;
+  part.metadata = {{"process_index", index}, {"process_count", count}, {"written_at_ms", NowMs()}};
+  if (!error.ok()) part.metadata["error"] = error.message();
+  return format::SerializeManifest(part);
+}
+
+Task<Result<format::Manifest>> GatherFragments(runtime::Loop& loop, storage::CheckpointWriter* writer, GatherSpec spec) {
+  const int count = spec.count;
+  const int64_t step = spec.step;
+  const auto deadline = std::chrono::steady_clock::now() + spec.timeout;
+  // Fragments older than this are left over from an earlier attempt at the
+  // same step (the storage fallback cannot tell otherwise).
+  const int64_t oldest_ms = NowMs() - spec.timeout.count();
+  std::vector<std::optional<format::Manifest>> got(count);
+  for (;;) {
+    // Every missing fragment at once: the reads run in parallel over the
+    // connection pool, so gathering costs about one round trip per
+    // `connections` fragments, not one per process.
+    std::vector<int> wanted;
+    std::vector<Task<Result<std::string>>> reads;
+    for (int p = 0; p < count; ++p) {
+      if (got[p]) continue;
+      wanted.push_back(p);
+      reads.push_back(writer->ReadSmall(FragmentName(p), format::kMaxManifestBytes));
+    }
+    std::vector<Result<std::string>> bytes = co_await WhenAll(std::move(reads));
+    std::vector<int> missing;
+    for (size_t i = 0; i < wanted.size(); ++i) {
+      const int p = wanted[i];
+      if (!bytes[i].ok() && bytes[i].status().code() != StatusCode::kNotFound) co_return bytes[i].status();
+      if (bytes[i].ok()) {
+        CO_ASSIGN_OR_RETURN(format::Manifest f,
+                            format::ParseManifest(spec.step_name + "/" + FragmentName(p), *bytes[i]));
+        if (f.step == step && f.metadata.value("written_at_ms", int64_t{0}) >= oldest_ms) got[p] = std::move(f);
+      }
+      if (!got[p]) missing.push_back(p);
+    }
+    if (missing.empty()) break;
+    if (!spec.poll || std::chrono::steady_clock::now() >= deadline) {
+      std::string who;
+      for (int p : missing) who += (who.empty() ? "" : ", ") + std::to_string(p);
+      co_return DeadlineExceededError("barrier \"written/" + std::to_string(step) + "\": no fragment from process" +
+                                      (missing.size() > 1 ? "es " : " ") + who + " after " +
+                                      std::to_string(spec.timeout.count()) + " ms");
+    }
+    Status slept = co_await loop.Sleep(kPollInterval);
+    slept.IgnoreError();
+  }
+  // Merge: every process's shards and tensors, in process order.
+  format::Manifest merged;
+  merged.step = step;
+  merged.created = format::FormatRfc3339Utc(std::chrono::system_clock::now());
+  merged.writer = std::string("ckptio ") + CKPTIO_VERSION;
+  merged.metadata = std::move(spec.metadata);
+  for (int p = 0; p < count; ++p) {
+    const format::Manifest& f = *got[p];
+    if (f.metadata.contains("error")) {
+      co_return UnavailableError("process " + std::to_string(p) + " failed to write its part of step " +
+                                 std::to_string(step) + ": " + f.metadata["error"].get<std::string>());
+    }
+    const auto base = static_cast<uint32_t>(merged.shards.size());
+    merged.shards.insert(merged.shards.end(), f.shards.begin(), f.shards.end());
+    for (format::ManifestTensor t : f.tensors) {
+      t.shard += base;
+      merged.tensors.push_back(std::move(t));
+    }
+  }
+  CO_TRY(format::ValidateManifest(spec.step_name + "/manifest.json (merged from " + std::to_string(count) +
+                                      " fragments)",
+                                  merged));
+  co_return merged;
+}
+
+}  // namespace ckptio::pipeline

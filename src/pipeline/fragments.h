@@ -1,0 +1,43 @@
+#pragma once
+// Fragments: each process's part of a multi-host checkpoint's manifest, and
+// how process 0 gathers and merges them into the one manifest it commits.
+
+#include <chrono>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ckptio/status.h"
+#include "ckptio/task.h"
+#include "format/manifest.h"
+#include "runtime/loop.h"
+#include "storage/storage.h"
+
+namespace ckptio::pipeline {
+
+// "fragment-p00003.json"
+std::string FragmentName(int process);
+
+// The fragment of process `index` of `count` for `step`: a manifest of its
+// tensors and shards (`part`), or of nothing but `error` if it failed, so
+// that process 0 can say why the step was not committed.
+std::string MakeFragment(format::Manifest part, int64_t step, int index, int count, const Status& error);
+
+struct GatherSpec {
+  int count = 1;
+  int64_t step = 0;
+  std::string step_name;  // "checkpoint_200", for messages
+  std::chrono::milliseconds timeout{0};
+  // Poll until every fragment is there (the storage-only barrier), or read
+  // them once (a barrier already said they are all written).
+  bool poll = false;
+  nlohmann::json metadata;  // the user's, for the merged manifest
+};
+
+// Reads every process's fragment (all missing ones at once, in parallel)
+// and merges them, in process order, into the manifest of the step. Fails if
+// a fragment says its process failed, or (polling) one is still missing at
+// the timeout: DeadlineExceeded naming the processes.
+Task<Result<format::Manifest>> GatherFragments(runtime::Loop& loop, storage::CheckpointWriter* writer, GatherSpec spec);
+
+}  // namespace ckptio::pipeline
