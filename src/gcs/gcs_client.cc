@@ -331,14 +331,39 @@ Task<Status> GcsClient::Read(std::string bucket, std::string name, uint64_t offs
 }
 
 Task<Result<std::string>> GcsClient::ReadAll(std::string bucket, std::string name, uint64_t max_bytes) {
-  CO_ASSIGN_OR_RETURN(ObjectMeta meta, co_await Stat(bucket, name));
-  if (meta.size > max_bytes) {
-    co_return CorruptionError(GsUrl(bucket, name) + ": " + std::to_string(meta.size) + " bytes, more than the " +
-                              std::to_string(max_bytes) + " allowed");
+  // One GET (no metadata request first: small objects such as manifests and
+  // fragments are read on every commit and restore), its length bounded as
+  // it arrives, its CRC32C checked against x-goog-hash.
+  const std::string what = "read " + GsUrl(bucket, name);
+  std::string url = WithUserProject(ObjectUrl(bucket, name) + "?alt=media");
+  const size_t limit = static_cast<size_t>(std::min<uint64_t>(max_bytes, SIZE_MAX - 1));
+  auto make = [&] {
+    http::Request r;
+    r.url = url;
+    r.max_body = std::max<size_t>(limit, size_t{1} << 20) + 1;  // room for an error's JSON body
+    return r;
+  };
+  auto resp = co_await Call(what, make);
+  if (!resp.ok()) {
+    if (resp.status().code() == StatusCode::kCorruption &&
+        resp.status().message().find("longer than") != std::string::npos) {
+      co_return CorruptionError(GsUrl(bucket, name) + ": more than the " + std::to_string(max_bytes) +
+                                " bytes allowed");
+    }
+    co_return resp.status();
   }
-  std::string out(meta.size, '\0');
-  CO_TRY(co_await Read(bucket, name, 0, out.size(), out.data(), meta.size));
-  co_return out;
+  if (resp->body.size() > limit) {
+    co_return CorruptionError(GsUrl(bucket, name) + ": " + std::to_string(resp->body.size()) +
+                              " bytes, more than the " + std::to_string(max_bytes) + " bytes allowed");
+  }
+  if (auto expected = GoogHashCrc(resp->Header("x-goog-hash"))) {
+    const uint32_t got = format::Crc32c(resp->body.data(), resp->body.size());
+    if (got != *expected) {
+      co_return CorruptionError(what + ": the bytes read have CRC32C " + format::Crc32cToHex(got) +
+                                ", the server says " + format::Crc32cToHex(*expected));
+    }
+  }
+  co_return std::move(resp->body);
 }
 
 Task<Result<ListResult>> GcsClient::List(std::string bucket, std::string prefix, std::string delimiter,

@@ -147,7 +147,7 @@ struct HttpClient::Impl::Transfer {
   char error[CURL_ERROR_SIZE] = {};
   uint64_t body_size = 0;
   uint64_t read_pos = 0;   // request body bytes handed to curl
-  bool overflow = false;   // the response did not fit response_buffer
+  bool overflow = false;   // the response did not fit response_buffer (or max_body)
   bool stalled = false;    // aborted: no byte moved for stall_timeout
   curl_off_t last_up = -1;
   curl_off_t last_down = -1;
@@ -379,6 +379,10 @@ size_t HttpClient::Impl::OnWrite(char* data, size_t size, size_t n, void* userp)
     }
     std::memcpy(t->request->response_buffer + t->response.body_bytes, data, len);
   } else {
+    if (t->response.body_bytes + len > t->request->max_body) {
+      t->overflow = true;
+      return 0;
+    }
     t->response.body.append(data, len);
   }
   t->response.body_bytes += len;
@@ -493,8 +497,9 @@ Task<Result<Response>> HttpClient::Impl::Send(Request request) {
   if (t.result != CURLE_OK) {
     ++stats.transport_errors;
     if (t.overflow) {
-      co_return CorruptionError(what + ": the response body is longer than the " +
-                                std::to_string(request.response_capacity) + " bytes expected");
+      const size_t limit = request.response_buffer != nullptr ? request.response_capacity : request.max_body;
+      co_return CorruptionError(what + ": the response body is longer than the " + std::to_string(limit) +
+                                " bytes expected");
     }
     if (t.stalled) {
       co_return DeadlineExceededError(what + ": stalled: no byte moved for " +

@@ -56,6 +56,9 @@ struct Request {
   // is an error) instead of into Response::body.
   char* response_buffer = nullptr;
   size_t response_capacity = 0;
+  // Otherwise (and for error bodies) Response::body holds at most this many
+  // bytes; more is an error, so a hostile server cannot make it grow unbounded.
+  size_t max_body = size_t{64} << 20;
 };
 
 struct Response {

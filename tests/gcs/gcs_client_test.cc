@@ -245,6 +245,39 @@ TEST_CASE_FIXTURE(Fixture, "corrupted bytes on a whole-object read fail the x-go
   CHECK(s.message().find("the server says") != std::string::npos);
 }
 
+TEST_CASE_FIXTURE(Fixture, "a small object is read whole in one GET, bounded, and its CRC32C checked") {
+  const std::string name = UniqueName("small");
+  const std::string data = Bytes(3 * kQ + 5, 11);
+  REQUIRE(Upload(name, data).ok());
+  const uint64_t before = client->stats().requests;
+  auto got = Run(client->ReadAll(bucket, name, data.size()));
+  REQUIRE_MESSAGE(got.ok(), got.status().ToString());
+  CHECK(*got == data);
+  CHECK(client->stats().requests - before == 1);
+  // One byte more than allowed: refused, naming the object and the limit.
+  auto big = Run(client->ReadAll(bucket, name, data.size() - 1));
+  CHECK(big.status().code() == StatusCode::kCorruption);
+  CHECK(big.status().message().find(name) != std::string::npos);
+  CHECK(big.status().message().find("more than the " + std::to_string(data.size() - 1) + " bytes allowed") !=
+        std::string::npos);
+  // Far more than allowed (the server streams 3 MiB, 1 KiB allowed): the
+  // transfer is cut off, not buffered whole.
+  const std::string large = Bytes(12 * kQ, 12);
+  const std::string large_name = UniqueName("large");
+  REQUIRE(Upload(large_name, large).ok());
+  auto cut = Run(client->ReadAll(bucket, large_name, 1024));
+  CHECK(cut.status().code() == StatusCode::kCorruption);
+  CHECK(cut.status().message().find("more than the 1024 bytes allowed") != std::string::npos);
+  // Corrupted on the way: the x-goog-hash check fails.
+  control->SetRules(Json::array({{{"method", "GET"}, {"path", "alt=media"}, {"corrupt_response_byte", 100}}}));
+  auto corrupt = Run(client->ReadAll(bucket, name, data.size()));
+  CHECK(corrupt.status().code() == StatusCode::kCorruption);
+  CHECK(corrupt.status().message().find("the server says") != std::string::npos);
+  // Missing: NotFound, as before.
+  control->SetRules(Json::array());
+  CHECK(Run(client->ReadAll(bucket, UniqueName("absent"), 10)).status().code() == StatusCode::kNotFound);
+}
+
 TEST_CASE_FIXTURE(Fixture, "a small object with ifGenerationMatch=0 fails with AlreadyExists the second time") {
   const std::string name = UniqueName("manifest");
   REQUIRE(Run(client->UploadSmall(bucket, name, "{}", 0)).ok());
