@@ -1,5 +1,6 @@
 #include "pipeline/fragments.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <vector>
@@ -10,7 +11,7 @@
 namespace ckptio::pipeline {
 namespace {
 
-constexpr std::chrono::milliseconds kPollInterval{20};
+constexpr std::chrono::milliseconds kFirstPoll{20};
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -18,6 +19,21 @@ int64_t NowMs() {
 }
 
 }  // namespace
+
+PollBackoff::PollBackoff(int process_count, std::chrono::milliseconds first)
+    : next_(first),
+      cap_(std::max<std::chrono::milliseconds>(std::chrono::milliseconds(1000),
+                                               std::chrono::milliseconds(2 * int64_t{process_count}))),
+      rng_(static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) | 1) {}
+
+std::chrono::milliseconds PollBackoff::Next() {
+  rng_ ^= rng_ << 13;  // xorshift64: jitter needs no quality
+  rng_ ^= rng_ >> 7;
+  rng_ ^= rng_ << 17;
+  const int64_t base = next_.count();
+  next_ = std::min(cap_, next_ * 2);
+  return std::chrono::milliseconds(base * 3 / 4 + static_cast<int64_t>(rng_ % static_cast<uint64_t>(base / 2 + 1)));
+}
 
 std::string FragmentName(int process) {
   char b[64];
@@ -46,6 +62,7 @@ Task<Result<format::Manifest>> GatherFragments(runtime::Loop& loop, storage::Che
   // same step (the storage fallback cannot tell otherwise).
   const int64_t oldest_ms = NowMs() - spec.timeout.count();
   std::vector<std::optional<format::Manifest>> got(count);
+  PollBackoff backoff(count, kFirstPoll);
   for (;;) {
     // Every missing fragment at once: the reads run in parallel over the
     // connection pool, so gathering costs about one round trip per
@@ -71,13 +88,17 @@ Task<Result<format::Manifest>> GatherFragments(runtime::Loop& loop, storage::Che
     }
     if (missing.empty()) break;
     if (!spec.poll || std::chrono::steady_clock::now() >= deadline) {
-      std::string who;
-      for (int p : missing) who += (who.empty() ? "" : ", ") + std::to_string(p);
+      std::string who;  // the first few; a 2,048-process job must not log 2,048 numbers
+      for (size_t i = 0; i < missing.size() && i < 16; ++i) who += (i ? ", " : "") + std::to_string(missing[i]);
+      if (missing.size() > 16) who += " and " + std::to_string(missing.size() - 16) + " more";
       co_return DeadlineExceededError("barrier \"written/" + std::to_string(step) + "\": no fragment from process" +
                                       (missing.size() > 1 ? "es " : " ") + who + " after " +
                                       std::to_string(spec.timeout.count()) + " ms");
     }
-    Status slept = co_await loop.Sleep(kPollInterval);
+    const auto remaining =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    Status slept = co_await loop.Sleep(
+        std::clamp(backoff.Next(), std::chrono::milliseconds(1), std::max(remaining, std::chrono::milliseconds(1))));
     slept.IgnoreError();
   }
   // Merge: every process's shards and tensors, in process order.

@@ -34,6 +34,23 @@ struct GatherSpec {
   nlohmann::json metadata;  // the user's, for the merged manifest
 };
 
+// The storage-only barrier's polling schedule: from `first`, doubling, up to
+// a cap that grows with the process count (1 s, or 2 ms per process), with
+// +-25% jitter so processes do not poll in step. Every process polling
+// (2,047 followers for the manifest, process 0 for the missing fragments)
+// thus stays near process_count / cap requests per second: ~500/s however
+// large the job, within a bucket's initial read rate.
+class PollBackoff {
+ public:
+  PollBackoff(int process_count, std::chrono::milliseconds first);
+  std::chrono::milliseconds Next();
+
+ private:
+  std::chrono::milliseconds next_;
+  std::chrono::milliseconds cap_;
+  uint64_t rng_;
+};
+
 // Reads every process's fragment (all missing ones at once, in parallel)
 // and merges them, in process order, into the manifest of the step. Fails if
 // a fragment says its process failed, or (polling) one is still missing at

@@ -27,7 +27,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr std::chrono::milliseconds kPollInterval{20};  // a follower polls 5x slower
+constexpr std::chrono::milliseconds kFirstPoll{100};  // a follower's first wait for the manifest
 
 }  // namespace
 
@@ -69,6 +69,7 @@ Task<Result<format::Manifest>> ManagerImpl::GatherFragments(SaveJob* job, storag
 
 Task<Status> ManagerImpl::AwaitCommit(int64_t step) {
   const auto deadline = Clock::now() + options_.multihost.timeout;
+  PollBackoff backoff(options_.multihost.process_count, kFirstPoll);
   for (;;) {
     auto bytes = co_await storage_->ReadSmallFile(StepName(step), "manifest.json", format::kMaxManifestBytes);
     if (bytes.ok()) {
@@ -83,7 +84,9 @@ Task<Status> ManagerImpl::AwaitCommit(int64_t step) {
                                   std::to_string(options_.multihost.timeout.count()) + " ms") +
                                  " (its log says why)");
     }
-    Status slept = co_await loop().Sleep(kPollInterval * 5);
+    const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    Status slept = co_await loop().Sleep(
+        std::clamp(backoff.Next(), std::chrono::milliseconds(1), std::max(remaining, std::chrono::milliseconds(1))));
     slept.IgnoreError();
   }
 }
