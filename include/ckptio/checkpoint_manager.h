@@ -152,6 +152,14 @@ class CheckpointManager {
   // Reads the named tensors into caller buffers (dtype and shape must match
   // the checkpoint). Returns the step read.
   Result<int64_t> RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors);
+  // Reads byte ranges of named tensors into caller buffers: what a process
+  // needs when a checkpoint is restored on a different number of processes
+  // than saved it. Only the shards holding them are opened; the reads are
+  // ranged and run in parallel. A slice that covers its whole tensor is
+  // checked against the tensor's CRC32C; a partial slice only against the
+  // bounds of the tensor and its shard (the manifest's CRC32C covers whole
+  // tensors: Verify() checks every byte). Returns the step read.
+  Result<int64_t> RestoreSlices(std::optional<int64_t> step, std::span<const TensorSlice> slices);
 
   // Committed steps, ascending: exact for a writer; for a read-only manager,
   // as of the last listing (Open or Refresh).

@@ -31,6 +31,16 @@ struct MutableTensorRef {
   void* data = nullptr;
 };
 
+// A byte range of a saved tensor's (row-major) data to restore into a caller
+// buffer of `length` bytes: e.g. the rows a process needs of a tensor that
+// another process saved whole.
+struct TensorSlice {
+  std::string name;
+  uint64_t offset = 0;  // bytes into the tensor's data
+  uint64_t length = 0;
+  void* data = nullptr;
+};
+
 // An allocator whose value-less construct() leaves memory uninitialized, so
 // a Bytes buffer sized for a restore is not zero-filled first (the read
 // overwrites every byte: zeroing would be one more pass over the checkpoint).

@@ -95,6 +95,9 @@ Result<RestoredCheckpoint> CheckpointManager::Restore(std::optional<int64_t> ste
 Result<int64_t> CheckpointManager::RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors) {
   return impl_->RestoreInto(step, tensors);
 }
+Result<int64_t> CheckpointManager::RestoreSlices(std::optional<int64_t> step, std::span<const TensorSlice> slices) {
+  return impl_->RestoreSlices(step, slices);
+}
 std::vector<int64_t> CheckpointManager::AllSteps() const { return impl_->AllSteps(); }
 std::optional<int64_t> CheckpointManager::LatestStep() const { return impl_->LatestStep(); }
 Result<CheckpointInfo> CheckpointManager::Info(int64_t step) { return impl_->Info(step); }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "ckptio/when_all.h"
 #include "format/crc32c.h"
@@ -471,8 +472,28 @@ Result<RestoredCheckpoint> ManagerImpl::Restore(std::optional<int64_t> step, Pro
   return r;
 }
 
+namespace {
+
+// Opens only the shards that hold the named tensors (a restore on many
+// processes must not make each open every process's shards).
+template <typename Wanted>
+ShardFilter ShardsHolding(std::span<const Wanted> wanted) {
+  return [wanted](const format::Manifest& m) {
+    std::set<std::string_view> names;
+    for (const Wanted& w : wanted) names.insert(w.name);
+    std::vector<bool> open(m.shards.size(), false);
+    for (const format::ManifestTensor& t : m.tensors) {
+      if (names.count(t.name) != 0) open[t.shard] = true;
+    }
+    return open;
+  };
+}
+
+}  // namespace
+
 Task<Status> ManagerImpl::RestoreIntoTask(int64_t step, std::span<const MutableTensorRef> tensors) {
-  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenCheckpoint(storage_.get(), StepName(step)));
+  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c,
+                      co_await OpenCheckpoint(storage_.get(), StepName(step), ShardsHolding(tensors)));
   std::map<std::string_view, size_t> by_name;
   for (size_t i = 0; i < c.manifest.tensors.size(); ++i) by_name[c.manifest.tensors[i].name] = i;
   std::vector<size_t> indices;
@@ -496,6 +517,39 @@ Task<Status> ManagerImpl::RestoreIntoTask(int64_t step, std::span<const MutableT
     dsts.push_back(static_cast<char*>(want.data));
   }
   co_return co_await ReadTensors(pool_.get(), &c, std::move(indices), std::move(dsts), nullptr);
+}
+
+Task<Status> ManagerImpl::RestoreSlicesTask(int64_t step, std::span<const TensorSlice> slices) {
+  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c,
+                      co_await OpenCheckpoint(storage_.get(), StepName(step), ShardsHolding(slices)));
+  std::map<std::string_view, size_t> by_name;
+  for (size_t i = 0; i < c.manifest.tensors.size(); ++i) by_name[c.manifest.tensors[i].name] = i;
+  std::vector<RangeRead> reads;
+  for (const TensorSlice& want : slices) {
+    auto it = by_name.find(want.name);
+    if (it == by_name.end()) {
+      co_return NotFoundError("step " + std::to_string(step) + " in " + root_ + " has no tensor \"" + want.name + "\"");
+    }
+    const format::ManifestTensor& t = c.manifest.tensors[it->second];
+    if (want.offset > t.bytes || want.length > t.bytes - want.offset) {  // no overflow: offset <= bytes first
+      co_return InvalidArgumentError("tensor \"" + want.name + "\" has " + std::to_string(t.bytes) +
+                                     " bytes: the slice of " + std::to_string(want.length) + " bytes at offset " +
+                                     std::to_string(want.offset) + " is out of range");
+    }
+    if (want.length > 0 && want.data == nullptr) {
+      co_return InvalidArgumentError("tensor \"" + want.name + "\": destination buffer is null");
+    }
+    reads.push_back({it->second, want.offset, want.length, static_cast<char*>(want.data)});
+  }
+  co_return co_await ReadRanges(pool_.get(), &c, reads);
+}
+
+Result<int64_t> ManagerImpl::RestoreSlices(std::optional<int64_t> step, std::span<const TensorSlice> slices) {
+  ASSIGN_OR_RETURN(int64_t s, PinStep(step));
+  Status st = loop().BlockOn(RestoreSlicesTask(s, slices));
+  Unpin(s);
+  RETURN_IF_ERROR(st);
+  return s;
 }
 
 Result<int64_t> ManagerImpl::RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors) {

@@ -80,6 +80,7 @@ class ManagerImpl {
   Status RefreshNow();
   Result<RestoredCheckpoint> Restore(std::optional<int64_t> step, ProgressFn progress);
   Result<int64_t> RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors);
+  Result<int64_t> RestoreSlices(std::optional<int64_t> step, std::span<const TensorSlice> slices);
   std::vector<int64_t> AllSteps() const;
   std::optional<int64_t> LatestStep() const;
   Result<CheckpointInfo> Info(int64_t step);
@@ -136,6 +137,7 @@ class ManagerImpl {
   Task<Status> PruneNow();
   Task<Result<RestoredCheckpoint>> RestoreTask(int64_t step, const ProgressFn* progress);
   Task<Status> RestoreIntoTask(int64_t step, std::span<const MutableTensorRef> tensors);
+  Task<Status> RestoreSlicesTask(int64_t step, std::span<const TensorSlice> slices);
   Task<Result<VerifyReport>> VerifyTask(int64_t step, const ProgressFn* progress);
   Task<Result<format::Manifest>> ReadManifest(int64_t step);
   Task<Status> DeleteTask(int64_t step);

@@ -121,7 +121,7 @@ Task<Status> OpenShard(storage::Storage* storage, OpenedCheckpoint* c, size_t i)
 
 }  // namespace
 
-Task<Result<OpenedCheckpoint>> OpenCheckpoint(storage::Storage* storage, std::string name) {
+Task<Result<OpenedCheckpoint>> OpenCheckpoint(storage::Storage* storage, std::string name, ShardFilter filter) {
   OpenedCheckpoint c;
   c.name = name;
   c.path = storage->root() + "/" + name;
@@ -129,8 +129,11 @@ Task<Result<OpenedCheckpoint>> OpenCheckpoint(storage::Storage* storage, std::st
                       co_await storage->ReadSmallFile(name, "manifest.json", format::kMaxManifestBytes));
   CO_ASSIGN_OR_RETURN(c.manifest, format::ParseManifest(c.path + "/manifest.json", bytes));
   c.shards.resize(c.manifest.shards.size());
+  const std::vector<bool> wanted = filter ? filter(c.manifest) : std::vector<bool>(c.shards.size(), true);
   std::vector<Task<Status>> opens;
-  for (size_t i = 0; i < c.shards.size(); ++i) opens.push_back(OpenShard(storage, &c, i));
+  for (size_t i = 0; i < c.shards.size(); ++i) {
+    if (i < wanted.size() && wanted[i]) opens.push_back(OpenShard(storage, &c, i));
+  }
   std::vector<Status> opened = co_await WhenAll(std::move(opens));
   for (Status& s : opened) CO_TRY(s);
   co_return std::move(c);
@@ -149,6 +152,29 @@ Task<Status> ReadTensors(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, std::ve
   for (size_t k : tensors) {
     const format::ManifestTensor& t = ckpt->manifest.tensors[k];
     if (got[k] != t.crc32c) co_return CrcMismatch(*ckpt, t, got[k]);
+  }
+  co_return Status::Ok();
+}
+
+Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<RangeRead>& reads) {
+  std::vector<Piece> pieces;
+  std::vector<size_t> first_piece;  // of each read; its pieces are consecutive
+  for (const RangeRead& r : reads) {
+    const format::ManifestTensor& t = ckpt->manifest.tensors[r.tensor];
+    first_piece.push_back(pieces.size());
+    AddPieces(&pieces, t.shard, t.offset + r.offset, r.len, r.dst, -1);
+  }
+  first_piece.push_back(pieces.size());
+  std::vector<uint32_t> crcs;
+  CO_TRY(co_await ReadPieces(pool, ckpt, &pieces, &crcs, nullptr));
+  for (size_t k = 0; k < reads.size(); ++k) {
+    const format::ManifestTensor& t = ckpt->manifest.tensors[reads[k].tensor];
+    if (reads[k].offset != 0 || reads[k].len != t.bytes) continue;  // partial: bounds only
+    uint32_t crc = 0;
+    for (size_t i = first_piece[k]; i < first_piece[k + 1]; ++i) {
+      crc = i == first_piece[k] ? crcs[i] : format::Crc32cCombine(crc, crcs[i], pieces[i].len);
+    }
+    if (crc != t.crc32c) co_return CrcMismatch(*ckpt, t, crc);
   }
   co_return Status::Ok();
 }

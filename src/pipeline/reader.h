@@ -4,6 +4,7 @@
 // Runs on the loop thread; CRC work goes to the pool.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,15 +26,33 @@ struct OpenedCheckpoint {
   std::vector<std::unique_ptr<storage::ReadableFile>> shards;  // by manifest shard index
 };
 
-// Reads and validates the manifest, opens every shard, and checks each
-// shard's size and safetensors header against the manifest.
-Task<Result<OpenedCheckpoint>> OpenCheckpoint(storage::Storage* storage, std::string name);
+// Which shards to open (by manifest shard index), decided once the manifest
+// is read; empty: all of them.
+using ShardFilter = std::function<std::vector<bool>(const format::Manifest&)>;
+
+// Reads and validates the manifest, opens the shards (every one, or those
+// `filter` picks; the others stay null), and checks each opened shard's size
+// and safetensors header against the manifest.
+Task<Result<OpenedCheckpoint>> OpenCheckpoint(storage::Storage* storage, std::string name, ShardFilter filter = {});
 
 // Reads tensors (indices into manifest.tensors) into dsts[i], which must hold
 // each tensor's bytes, and checks each tensor's CRC32C.
 // `progress` (may be null or empty) hears of every piece read.
 Task<Status> ReadTensors(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, std::vector<size_t> tensors,
                          std::vector<char*> dsts, const ProgressFn* progress);
+
+// A byte range of a tensor (index into manifest.tensors) to read into dst.
+struct RangeRead {
+  size_t tensor;
+  uint64_t offset;  // into the tensor's data
+  uint64_t len;
+  char* dst;
+};
+
+// Reads the ranges (in parallel, each a ranged read of its opened shard).
+// REQUIRES: each range within its tensor. A range that covers its whole
+// tensor is checked against the tensor's CRC32C.
+Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<RangeRead>& reads);
 
 // Re-reads every byte of every shard; checks every tensor's and every shard's
 // CRC32C. Returns the bytes read.

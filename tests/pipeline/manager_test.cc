@@ -139,6 +139,71 @@ TEST_CASE("restore into caller buffers fills them with the saved bytes") {
   for (size_t i = 0; i < ts.size(); ++i) CHECK(bufs[i] == ts[i].bytes);
 }
 
+TEST_CASE("a restore of some tensors opens only their shards") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  auto ts = State(3, 4, 300'000);  // 1.2 MB each, shard_size 1 MiB: one shard per tensor
+  auto refs = Refs(ts);
+  REQUIRE(m->Save(3, refs)->Wait().ok());
+  fs::remove(dir / "checkpoint_3/shard-00000.safetensors");  // holds layer0/w
+  Bytes buf(ts[2].bytes.size());
+  std::vector<MutableTensorRef> one = {{ts[2].name, ts[2].dtype, ts[2].shape, buf.data()}};
+  auto step = m->RestoreInto(3, one);
+  REQUIRE_MESSAGE(step.ok(), step.status().ToString());
+  CHECK(buf == ts[2].bytes);
+  // The whole checkpoint needs the missing shard.
+  auto all = m->Restore(3);
+  CHECK(all.status().code() == StatusCode::kNotFound);
+  CHECK(all.status().message().find("shard-00000.safetensors") != std::string::npos);
+}
+
+TEST_CASE("restore of byte ranges: whole slices are CRC-checked, partial ones bounds-checked") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  auto ts = State(5, 4, 300'000);
+  auto refs = Refs(ts);
+  REQUIRE(m->Save(5, refs)->Wait().ok());
+  const uint64_t n = ts[1].bytes.size();
+  Bytes whole(n), part(5000), tail(16);
+  std::vector<TensorSlice> slices = {{ts[1].name, 0, n, whole.data()},
+                                     {ts[3].name, 1000, part.size(), part.data()},
+                                     {ts[3].name, ts[3].bytes.size() - 16, 16, tail.data()}};
+  auto step = m->RestoreSlices(std::nullopt, slices);
+  REQUIRE_MESSAGE(step.ok(), step.status().ToString());
+  CHECK(*step == 5);
+  CHECK(whole == ts[1].bytes);
+  CHECK(std::equal(part.begin(), part.end(), ts[3].bytes.begin() + 1000));
+  CHECK(std::equal(tail.begin(), tail.end(), ts[3].bytes.end() - 16));
+  // Out of range (and an offset + length that would overflow): refused, nothing read.
+  std::vector<TensorSlice> over = {{ts[3].name, ts[3].bytes.size() - 15, 16, tail.data()}};
+  auto bad = m->RestoreSlices(5, over);
+  CHECK(bad.status().code() == StatusCode::kInvalidArgument);
+  CHECK(bad.status().message() == "tensor \"layer3/w\" has 1200000 bytes: the slice of 16 bytes at offset 1199985 "
+                                  "is out of range");
+  std::vector<TensorSlice> wrap = {{ts[3].name, 8, UINT64_MAX - 4, tail.data()}};
+  CHECK(m->RestoreSlices(5, wrap).status().code() == StatusCode::kInvalidArgument);
+  std::vector<TensorSlice> unknown = {{"nope", 0, 1, tail.data()}};
+  CHECK(m->RestoreSlices(5, unknown).status().code() == StatusCode::kNotFound);
+  // A flipped byte at 200,000 in layer1/w's data: the whole slice fails its
+  // CRC32C; a partial slice that does not cover it reads fine.
+  const std::string shard = dir / "checkpoint_5/shard-00001.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(4096 + 200'000);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x01;
+    f.seekp(4096 + 200'000);
+    f.write(&c, 1);
+  }
+  auto corrupt = m->RestoreSlices(5, std::vector<TensorSlice>{{ts[1].name, 0, n, whole.data()}});
+  CHECK(corrupt.status().code() == StatusCode::kCorruption);
+  CHECK(corrupt.status().message().find(shard + ": tensor \"layer1/w\"") == 0);
+  Bytes first(100'000);
+  CHECK(m->RestoreSlices(5, std::vector<TensorSlice>{{ts[1].name, 0, first.size(), first.data()}}).ok());
+  CHECK(std::equal(first.begin(), first.end(), ts[1].bytes.begin()));
+}
+
 TEST_CASE("restore into a buffer of the wrong shape names the tensor and both shapes") {
   TempDir dir;
   auto m = OpenOrDie(dir.path(), SmallOptions());
