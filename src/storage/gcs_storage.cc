@@ -73,6 +73,7 @@ class GcsStorage final : public Storage {
   Task<Status> Remove(std::string name) override;
   Status LockForWriting() override { return Status::Ok(); }
   uint64_t retries() const override { return client_->stats().retries; }
+  uint64_t requests() const override { return client_->stats().requests; }
 
   GcsClient& client() { return *client_; }
   const std::string& bucket() const { return path_.bucket; }

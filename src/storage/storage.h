@@ -112,6 +112,8 @@ class Storage {
   // Requests retried after transient failures so far (readable from any
   // thread; a backend without retries says 0).
   virtual uint64_t retries() const { return 0; }
+  // Requests made so far (a backend that makes none says 0).
+  virtual uint64_t requests() const { return 0; }
 };
 
 }  // namespace ckptio::storage
