@@ -23,6 +23,15 @@ using json = nlohmann::ordered_json;
 // /dev/zero), and reading it whole would only delay the error.
 constexpr size_t kMaxConfigBytes = size_t{1} << 20;
 
+// No knob nests deeper than 3 levels ("gcs": {"retry": {...}}). Deeper JSON is
+// refused while it is parsed: a value such as {"snapshot": [[[[...]]]]} would
+// otherwise reach code that recurses on it (the enum check dumps it) and
+// overflow the stack (found by tests/fuzz/fuzz_config).
+constexpr int kMaxConfigDepth = 32;
+
+// Thrown from the parser callback to stop at the first level too deep.
+struct TooDeep {};
+
 std::string Quote(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
 std::string FilePrefix(std::string_view source) {
@@ -251,10 +260,16 @@ Result<Options> ParseConfig(std::string_view text, std::string_view source) {
   try {
     document = json::parse(
         text.begin(), text.end(),
-        [&duplicates](int /*depth*/, json::parse_event_t event, json& parsed) {
+        [&duplicates](int depth, json::parse_event_t event, json& parsed) {
+          const bool opens = event == json::parse_event_t::object_start ||
+                             event == json::parse_event_t::array_start;
+          if (opens && depth >= kMaxConfigDepth) throw TooDeep{};
           return duplicates.OnEvent(event, parsed);
         },
         /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  } catch (const TooDeep&) {
+    return InvalidArgumentError(FilePrefix(source) + ": invalid JSON: nests deeper than " +
+                                std::to_string(kMaxConfigDepth) + " levels");
   } catch (const json::exception& e) {
     // what() is "[json.exception.parse_error.101] parse error at line 3,
     // column 5: ..."; the bracketed id means nothing to the reader.

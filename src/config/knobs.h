@@ -27,15 +27,20 @@
 namespace ckptio::config {
 
 // Read and write access to one field of Options. Built from a captureless
-// generic lambda `[](auto& o) -> auto& { return o.io.block_size; }`, which
-// converts to both function pointers.
+// generic lambda `[](auto& o) -> auto& { return o.io.block_size; }`, called
+// through both function pointers. (Not converted to them directly: clang 14,
+// which builds the fuzz targets, cannot deduce the `auto&` return type when
+// converting to the const one.)
 template <typename T>
 struct Field {
   T& (*mut)(Options&);
   const T& (*get)(const Options&);
   template <typename Lambda>
-    requires std::is_convertible_v<Lambda, T& (*)(Options&)>
-  Field(Lambda lambda) : mut(lambda), get(lambda) {}  // NOLINT: implicit on purpose
+    requires std::is_convertible_v<Lambda, T& (*)(Options&)> &&
+             std::is_default_constructible_v<Lambda>
+  Field(Lambda)  // NOLINT: implicit on purpose
+      : mut([](Options& o) -> T& { return Lambda{}(o); }),
+        get([](const Options& o) -> const T& { return Lambda{}(o); }) {}
 };
 
 struct GroupSpec {};

@@ -265,6 +265,20 @@ TEST_CASE("invalid JSON names the file and the line and column") {
   CHECK_FALSE(Contains(message, "[json.exception"));
 }
 
+TEST_CASE("JSON nested deeper than 32 levels is refused while it is parsed") {
+  // Found by tests/fuzz/fuzz_config: 20,000 '[' under an enum knob
+  // overflowed the stack when the error message printed the value.
+  const std::string deep = R"({"snapshot": )" + std::string(20000, '[') + std::string(20000, ']') + "}";
+  CHECK(ErrorOf(deep) == "config test.json: invalid JSON: nests deeper than 32 levels");
+  const std::string at_limit = R"({"snapshot": )" + std::string(31, '[') + std::string(31, ']') + "}";
+  CHECK(Contains(ErrorOf(at_limit), "config test.json: key \"snapshot\": "));
+}
+
+TEST_CASE("a NUL byte in trace.path is refused, not cut short") {
+  CHECK(ErrorOf(std::string(R"({"trace": {"path": "/tmp/t\u0000.json"}})")) ==
+        "config test.json: key \"trace.path\": must not contain control characters");
+}
+
 TEST_CASE("a top level that is not an object is an error") {
   CHECK(ErrorOf("[1, 2]") ==
         "config test.json: expected a JSON object ({...}) at the top level, got array");

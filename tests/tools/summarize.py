@@ -52,7 +52,8 @@ def junit_counts(path):
         failed += int(s.get("failures", 0)) + int(s.get("errors", 0))
         skipped += int(s.get("skipped", 0))
     passed = total - failed - skipped
-    return passed, failed, [(path, "pytest", passed, failed)]
+    name = ",".join(s.get("name") or "junit" for s in suites) or "junit"
+    return passed, failed, [(path, name, passed, failed)]
 
 
 def main(argv):
