@@ -108,7 +108,8 @@ typedef struct ckptio_checkpoint ckptio_checkpoint; /* opaque: a restored checkp
 /* "0.1.0". */
 CKPTIO_C_API const char* ckptio_version(void);
 
-/* "InvalidArgument", "NotFound", ... ("OK" for CKPTIO_OK). */
+/* "InvalidArgument", "NotFound", ... ("OK" for CKPTIO_OK, "Unknown" for a value
+ * outside the enum). */
 CKPTIO_C_API const char* ckptio_status_name(ckptio_status status);
 
 /* The message of the last call on this thread that failed, or "" if the last

@@ -1,0 +1,256 @@
+"""CheckpointManager: pytrees in, asynchronous atomic checkpoints out."""
+import atexit
+import json
+import numbers
+import os
+import sys
+import threading
+import weakref
+
+from . import _ckptio, _dtypes, _tree
+from ._errors import CkptioError, NotFoundError
+
+# Managers still open, closed (their saves waited for) when the interpreter exits.
+_live = weakref.WeakSet()
+
+
+def _flatten_options(options, prefix=""):
+    """{"io": {"direct": "off"}} -> {"io.direct": "off"} (dotted keys pass through)."""
+    flat = {}
+    for key, value in options.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and path != "gcs.headers":
+            flat.update(_flatten_options(value, path + "."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def _check_step(step):
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        raise TypeError(f"step must be an integer, got {type(step).__name__} {step!r}")
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return int(step)
+
+
+class CheckpointManager:
+    """Asynchronous, atomic, pruned checkpoints of pytrees under one root.
+
+    ``root`` is a directory (created if needed) or ``gs://bucket/prefix``.
+    ``keep`` / ``keep_every`` and any other option of the config file
+    (``staging_memory="512MiB"``, ``prefix="ckpt_"``, ``io={"direct": "off"}``,
+    ...) given as keyword arguments override the values of ``config`` (a JSON
+    config file; default: $CKPTIO_CONFIG if set, else the defaults).
+
+    One writer per root: opening a root another manager (in this process or
+    another) holds fails; ``read_only=True`` opens it without the lock, to
+    restore while a trainer writes.
+
+    Multi-host: every process opens the same root with ``process_index`` and
+    ``process_count`` and saves its own part of the state (tensor names unique
+    across processes); process 0 commits one checkpoint. ``barrier`` is a
+    callable ``barrier(name)`` that returns once every process has called it
+    with that name, e.g. ``lambda name: multihost_utils.sync_global_devices(name)``;
+    ckptio calls it on a thread of its own (the callable's own timeout
+    applies). Without one, the processes poll the storage for each other.
+
+    Every method releases the GIL while ckptio works. ``close()`` (or the end
+    of a ``with`` block) waits for saves in flight and releases the lock and
+    the staging memory; managers still open at exit are closed then.
+    """
+
+    def __init__(self, root, keep=None, keep_every=None, config=None, *, read_only=False,
+                 process_index=None, process_count=None, barrier=None, **options):
+        overrides = {}
+        if keep is not None:
+            overrides["keep"] = keep
+        if keep_every is not None:
+            overrides["keep_every"] = keep_every
+        overrides.update(_flatten_options(options))
+        if process_index is not None:
+            overrides["multihost.process_index"] = process_index
+        if process_count is not None:
+            overrides["multihost.process_count"] = process_count
+        if barrier is not None and not callable(barrier):
+            raise TypeError(f"barrier must be a callable barrier(name), got {type(barrier).__name__}")
+        pairs = [(path, json.dumps(value)) for path, value in overrides.items()]
+        config = "" if config is None else os.fspath(config)
+        self._m = _ckptio.Manager(os.fspath(root), config, pairs, read_only, barrier)
+        self._handles = []
+        self._handles_lock = threading.Lock()
+        _live.add(self)
+
+    # --- saving -----------------------------------------------------------
+
+    def save(self, step, tree, metadata=None):
+        """Snapshots ``tree`` as checkpoint ``step``; returns once the snapshot
+        is taken (the arrays may change right away), while writing, the commit
+        and pruning run in the background. ``metadata``: anything JSON can
+        encode, returned by ``metadata(step)``.
+
+        Returns a SaveHandle (``.done()``, ``.wait()``, ``.error()``,
+        ``.timings``). Raises on bad input, a step already committed, or the
+        failure of an earlier background save (reported once)."""
+        step = _check_step(step)
+        names, dtypes, arrays, description = _tree.flatten(tree)
+        meta = {_tree.TREE_KEY: description}
+        if metadata is not None:
+            meta[_tree.USER_KEY] = metadata
+        handle = self._m.save(step, names, dtypes, arrays, json.dumps(meta, separators=(",", ":")))
+        with self._handles_lock:
+            self._handles = [h for h in self._handles if not h.done()] + [handle]
+        return handle
+
+    def wait_until_finished(self):
+        """Blocks until every save has committed (and pruning is done); raises
+        the first background failure not yet reported. Ctrl-C interrupts the
+        wait (KeyboardInterrupt); the saves carry on in the background."""
+        self._m.wait_until_finished()
+
+    def saves_in_flight(self):
+        """Steps of the saves made through this object that have not ended."""
+        with self._handles_lock:
+            return [h.step for h in self._handles if not h.done()]
+
+    # --- reading ----------------------------------------------------------
+
+    def restore(self, step=None, target=None):
+        """Checkpoint ``step`` (default: the latest), every CRC32C checked.
+
+        Without ``target``: the tree as saved (dicts, lists, tuples, named
+        tuples, scalars), arrays as numpy arrays. With ``target``: shaped like
+        it (its containers, Python scalars where it has them; a leaf whose
+        shape differs from the checkpoint's raises ValueError).
+
+        A save of that step (or, for the latest, any save) made through this
+        manager and still in flight is waited for first."""
+        if step is not None:
+            step = _check_step(step)
+        in_flight = self.saves_in_flight()
+        if in_flight and (step is None or step in in_flight):
+            self.wait_until_finished()
+        if self._m.read_only and step is None:
+            self._m.refresh()
+        _, metadata_json, tensors = self._m.restore(step, _dtypes.NUMPY_DTYPES)
+        arrays = dict(tensors)
+        description = self._description(metadata_json)
+        if target is not None:
+            return _tree.like(target, arrays, description)
+        if description is _NO_TREE or _tree.leaf_names(description) != set(arrays):
+            # Written by C++ or the CLI, or by several processes (the tree
+            # stored is process 0's part): nested dicts by name.
+            return _tree.nest(arrays)
+        return _tree.unflatten(description, arrays)
+
+    def metadata(self, step=None):
+        """The ``metadata`` given to ``save`` (the whole metadata object for a
+        checkpoint written by C++ or the command line)."""
+        step = self.latest_step() if step is None else _check_step(step)
+        if step is None:
+            raise NotFoundError(f"no committed checkpoint in {self.root}", "NotFound")
+        meta = json.loads(self._m.info(step)["metadata_json"] or "{}")
+        if isinstance(meta, dict) and _tree.TREE_KEY in meta:
+            return meta.get(_tree.USER_KEY)
+        return meta
+
+    def latest_step(self):
+        """The newest committed step, or None."""
+        if self._m.read_only:
+            self._m.refresh()
+        return self._m.latest_step()
+
+    def all_steps(self):
+        """Committed steps, ascending."""
+        if self._m.read_only:
+            self._m.refresh()
+        return list(self._m.all_steps())
+
+    def info(self, step):
+        return self._m.info(_check_step(step))
+
+    def verify(self, step=None):
+        """Re-reads every byte of a checkpoint and checks every CRC32C."""
+        return self._m.verify(None if step is None else _check_step(step))
+
+    def delete(self, step):
+        self._m.delete(_check_step(step))
+
+    def stats(self):
+        return self._m.stats()
+
+    @property
+    def options(self):
+        """The effective options (config file + keyword overrides), as the
+        config file would spell them."""
+        return json.loads(self._m.options_json())
+
+    @property
+    def root(self):
+        return self._m.root
+
+    @property
+    def read_only(self):
+        return self._m.read_only
+
+    @property
+    def closed(self):
+        return self._m.closed
+
+    # --- lifetime ---------------------------------------------------------
+
+    def close(self):
+        """Waits for saves in flight, then releases the root's lock, the
+        staging memory and the threads. Raises a background failure."""
+        self._m.close()
+        _live.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else ("read-only" if self.read_only else "open")
+        return f"<ckptio.CheckpointManager {self.root!r} {state}>"
+
+    def _description(self, metadata_json):
+        try:
+            meta = json.loads(metadata_json or "{}")
+        except ValueError:
+            return _NO_TREE
+        if isinstance(meta, dict) and _tree.TREE_KEY in meta:
+            return meta[_tree.TREE_KEY]
+        return _NO_TREE
+
+
+_NO_TREE = object()
+
+
+def _close_all_at_exit():
+    """Waits for the saves still in flight before the interpreter exits, so a
+    trainer that returns from main() does not cut its last save short. A
+    Ctrl-C here abandons them: the newest committed checkpoint stays intact
+    (a commit is atomic), and the debris is removed when the root is opened
+    again."""
+    managers = [m for m in list(_live) if not m.closed]
+    if not managers:
+        return
+    try:
+        if any(m.saves_in_flight() for m in managers):
+            print("ckptio: waiting for checkpoint saves in flight to commit (Ctrl-C to abandon them)",
+                  file=sys.stderr, flush=True)
+        for m in managers:
+            try:
+                m.close()
+            except CkptioError as e:
+                print(f"ckptio: a checkpoint save failed: {e}", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        for m in managers:
+            m._m.abandon()
+        print("ckptio: interrupted: saves in flight abandoned; the newest committed checkpoint is intact",
+              file=sys.stderr, flush=True)
+
+
+atexit.register(_close_all_at_exit)

@@ -1,0 +1,295 @@
+"""Pytrees <-> the flat, named tensors of a checkpoint.
+
+A tree is nested dicts (any Mapping), lists, tuples and namedtuples whose
+leaves are numpy arrays, jax arrays (anything with ``__array__``), numpy
+scalars and Python bool/int/float; ``None`` and strings may sit in the tree
+too (they are kept in the description, not as tensors).
+
+Names follow flax's state-dict convention: the path of keys joined by "/",
+list and tuple positions as "0", "1", ... (``params/dense/kernel``,
+``opt_state/0/mu/bias``); a tree that is a single leaf is named "value".
+Dicts keep their insertion order.
+
+Next to the tensors, ``flatten`` returns a JSON-able description of the
+tree (stored in the checkpoint's metadata under TREE_KEY), from which
+``unflatten`` rebuilds the same containers, key types, scalars, None and
+strings. A checkpoint without it (written by C++ or the CLI) comes back as
+nested dicts split on "/".
+"""
+import collections
+from collections.abc import Mapping
+
+import numpy as np
+
+from . import _dtypes
+
+TREE_KEY = "ckptio_tree"
+USER_KEY = "user"
+ROOT_NAME = "value"
+
+# Leaf kinds: what a restored tensor becomes.
+_ARRAY, _SCALAR, _INT, _FLOAT, _BOOL = "array", "scalar", "int", "float", "bool"
+
+
+def _is_namedtuple(x):
+    return isinstance(x, tuple) and hasattr(x, "_fields")
+
+
+def _name(path):
+    return "/".join(path) if path else ROOT_NAME
+
+
+def _is_torch_tensor(x):
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "detach")
+
+
+def _torch_to_numpy(t):
+    """A CPU numpy view of a torch tensor (bf16/f8 through ml_dtypes)."""
+    import torch  # only reached with a torch tensor in hand
+
+    t = t.detach().cpu()
+    views = {torch.bfloat16: (torch.int16, _dtypes.NUMPY_DTYPES["BF16"])}
+    for name, st in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
+        if hasattr(torch, name):
+            views[getattr(torch, name)] = (torch.uint8, _dtypes.NUMPY_DTYPES[st])
+    if t.dtype in views:
+        as_int, dtype = views[t.dtype]
+        return t.contiguous().view(as_int).numpy().view(dtype)
+    return t.numpy()
+
+
+def to_array(value, name):
+    """(C-contiguous numpy array, leaf kind) for one leaf; no copy when the
+    leaf already is a C-contiguous array of a supported dtype."""
+    if isinstance(value, bool):
+        return np.asarray(value, dtype=np.bool_), _BOOL
+    if isinstance(value, int):
+        try:
+            return np.asarray(value, dtype=np.int64), _INT
+        except OverflowError:
+            raise OverflowError(f"cannot save {name!r}: Python int {value} does not fit in int64") from None
+    if isinstance(value, float):
+        return np.asarray(value, dtype=np.float64), _FLOAT
+    if isinstance(value, np.generic):
+        array, kind = np.asarray(value), _SCALAR
+    elif isinstance(value, np.ndarray):
+        array, kind = value, _ARRAY
+    elif _is_torch_tensor(value):
+        array, kind = _torch_to_numpy(value), _ARRAY
+    elif hasattr(value, "__array__"):
+        array, kind = np.asarray(value), _ARRAY  # jax.Array: a host view on CPU
+    else:
+        raise TypeError(
+            f"cannot save {name!r}: {type(value).__module__}.{type(value).__qualname__} is neither "
+            "an array nor a scalar (trees are dicts, lists, tuples and namedtuples of arrays, "
+            "scalars, None and strings)")
+    if _dtypes.dtype_name(array.dtype) is None:
+        if array.dtype.byteorder not in "=|" and _dtypes.dtype_name(array.dtype.newbyteorder("=")):
+            array = array.astype(array.dtype.newbyteorder("="))
+        else:
+            raise TypeError(f"cannot save {name!r}: dtype {array.dtype} is not supported "
+                            f"(supported: {_dtypes.supported()})")
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)  # the one copy ckptio ever makes itself
+    return array, kind
+
+
+def flatten(tree):
+    """(names, dtype names, arrays, description) of a tree."""
+    out = ([], [], [])
+    description = _encode(tree, (), out)
+    return out[0], out[1], out[2], description
+
+
+# The walkers are module functions taking their state as arguments, not
+# closures: a recursive closure is a reference cycle, which would keep the
+# arrays it saw (GBs of contiguous copies, or restored tensors) alive until
+# the garbage collector runs.
+def _encode(node, path, out):
+    if node is None:
+        return None
+    if isinstance(node, str):
+        return {"str": node}
+    if isinstance(node, Mapping):
+        items = []
+        for key, value in node.items():
+            stored = key if isinstance(key, (str, int)) and not isinstance(key, bool) else str(key)
+            items.append([stored, _encode(value, path + (str(key),), out)])
+        return {"dict": items}
+    if _is_namedtuple(node):
+        return {"namedtuple": type(node).__name__, "fields": list(node._fields),
+                "values": [_encode(getattr(node, f), path + (f,), out) for f in node._fields]}
+    if isinstance(node, (list, tuple)):
+        kind = "list" if isinstance(node, list) else "tuple"
+        return {kind: [_encode(v, path + (str(i),), out) for i, v in enumerate(node)]}
+    name = _name(path)
+    array, leaf_kind = to_array(node, name)
+    out[0].append(name)
+    out[1].append(_dtypes.dtype_name(array.dtype))
+    out[2].append(array)
+    return {"leaf": name, "kind": leaf_kind}
+
+
+def _leaf_value(array, kind):
+    if kind == _INT:
+        return int(array)
+    if kind == _FLOAT:
+        return float(array)
+    if kind == _BOOL:
+        return bool(array)
+    if kind == _SCALAR:
+        return array[()]
+    return array
+
+
+_namedtuple_types = {}
+
+
+def _namedtuple_type(name, fields):
+    key = (name, tuple(fields))
+    if key not in _namedtuple_types:
+        _namedtuple_types[key] = collections.namedtuple(name, fields)
+    return _namedtuple_types[key]
+
+
+def unflatten(description, arrays):
+    """The tree `description` describes, its leaves taken from `arrays`
+    (name -> numpy array)."""
+    return _decode(description, arrays)
+
+
+def _decode(node, arrays):
+    if node is None:
+        return None
+    if "leaf" in node:
+        name = node["leaf"]
+        if name not in arrays:
+            raise ValueError(f"the checkpoint's tree names tensor {name!r}, which it does not hold")
+        return _leaf_value(arrays[name], node.get("kind", _ARRAY))
+    if "str" in node:
+        return node["str"]
+    if "dict" in node:
+        return {key: _decode(value, arrays) for key, value in node["dict"]}
+    if "list" in node:
+        return [_decode(v, arrays) for v in node["list"]]
+    if "tuple" in node:
+        return tuple(_decode(v, arrays) for v in node["tuple"])
+    if "namedtuple" in node:
+        values = [_decode(v, arrays) for v in node["values"]]
+        try:
+            return _namedtuple_type(node["namedtuple"], node["fields"])(*values)
+        except (TypeError, ValueError):
+            return tuple(values)
+    raise ValueError(f"unknown node in the checkpoint's tree: {sorted(node)}")
+
+
+def nest(arrays):
+    """Nested dicts from "/"-separated names (a checkpoint without a tree)."""
+    root = {}
+    for name, array in arrays.items():
+        parts = name.split("/")
+        node = root
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                node = None
+                break
+            node = child
+        if node is None or parts[-1] in node:
+            root[name] = array  # "a" and "a/b" both exist: keep the full name
+        else:
+            node[parts[-1]] = array
+    return root
+
+
+def leaf_names(description):
+    """The tensor names a description refers to."""
+    names = set()
+    stack = [description]
+    while stack:
+        node = stack.pop()
+        if node is None or "str" in node:
+            continue
+        if "leaf" in node:
+            names.add(node["leaf"])
+        elif "dict" in node:
+            stack.extend(value for _, value in node["dict"])
+        elif "namedtuple" in node:
+            stack.extend(node["values"])
+        else:
+            stack.extend(node.get("list", node.get("tuple", [])))
+    return names
+
+
+def _values_by_name(node, path=(), out=None):
+    """name -> value of the None and string leaves of a description."""
+    out = {} if out is None else out
+    if node is None:
+        out[_name(path)] = None
+    elif "leaf" in node:
+        pass
+    elif "str" in node:
+        out[_name(path)] = node["str"]
+    elif "dict" in node:
+        for key, value in node["dict"]:
+            _values_by_name(value, path + (str(key),), out)
+    elif "namedtuple" in node:
+        for field, value in zip(node["fields"], node["values"]):
+            _values_by_name(value, path + (field,), out)
+    else:
+        for i, value in enumerate(node.get("list", node.get("tuple", []))):
+            _values_by_name(value, path + (str(i),), out)
+    return out
+
+
+def _like_leaf(target, array, name):
+    if isinstance(target, (bool, int, float)) and not isinstance(target, np.generic):
+        if array.shape != ():
+            raise ValueError(f"tensor {name!r}: the target holds a scalar, the checkpoint shape {array.shape}")
+        return type(target)(array)
+    if isinstance(target, np.generic):
+        return array[()]
+    shape = getattr(target, "shape", None)
+    if shape is not None and tuple(shape) != array.shape:
+        raise ValueError(f"tensor {name!r}: the checkpoint has shape {array.shape}, "
+                         f"the target {tuple(shape)}")
+    return array
+
+
+def like(target, arrays, description):
+    """The restored tree shaped like `target`: its containers, the
+    checkpoint's values (numpy arrays; Python scalars where the target has
+    them). Tensors the target does not mention are left out."""
+    values = _values_by_name(description) if description is not None else {}
+    missing = []
+    result = _like(target, (), arrays, values, missing)
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise ValueError(f"the checkpoint has no tensor for {len(missing)} leaf(s) of the target: {shown}")
+    return result
+
+
+def _like(node, path, arrays, values, missing):
+    if isinstance(node, Mapping):
+        d = {key: _like(value, path + (str(key),), arrays, values, missing) for key, value in node.items()}
+        if type(node) is dict:
+            return d
+        try:
+            return type(node)(d)
+        except Exception:  # a Mapping that cannot be built from a dict
+            return d
+    if _is_namedtuple(node):
+        return type(node)(*[_like(getattr(node, f), path + (f,), arrays, values, missing)
+                            for f in node._fields])
+    if isinstance(node, (list, tuple)):
+        items = [_like(v, path + (str(i),), arrays, values, missing) for i, v in enumerate(node)]
+        return items if isinstance(node, list) else tuple(items)
+    name = _name(path)
+    if name in arrays:
+        return _like_leaf(node, arrays[name], name)
+    if name in values:
+        return values[name]
+    if node is None or isinstance(node, str):
+        return node
+    missing.append(name)
+    return node
