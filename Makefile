@@ -3,7 +3,10 @@
 #
 #   make demo    the main job (DEMO_ARGS="..." to pass flags)
 #   make test    the whole suite: normal build, ASan/UBSan build, ThreadSanitizer build of the
-#                runtime/HTTP/pipeline tests, Python tests; ends with "N passed, N failed"
+#                runtime/HTTP/pipeline tests, Python tests, the fuzz targets' regression cases
+#                and a FUZZ_TEST_SECONDS (30 s) fuzz run of each; ends with "N passed, N failed"
+#   make fuzz    the long fuzz run: each target for FUZZ_SECONDS (3600), in parallel
+#                (tests/fuzz/README.md)
 #   make test-tsan  only the ThreadSanitizer part
 #   make bench   the benchmarks; tables go to bench/results/
 #   make build   just build (build/)
@@ -12,6 +15,10 @@ SHELL := /bin/bash
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
+# The libFuzzer targets: a meson project of their own, built with clang.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 3600
+FUZZ_TEST_SECONDS ?= 30
 # The tests with threads worth racing: the loop, the CPU pool, HTTP, the manager.
 TSAN_TESTS := runtime_task runtime_loop http_client pipeline_manager pipeline_crash pipeline_disk_full \
   pipeline_preemption
@@ -21,11 +28,11 @@ DEMO_ARGS ?=
 
 APT_PACKAGES := g++ make meson ninja-build pkg-config cmake python3 python3-venv \
   liburing-dev libcurl4-openssl-dev libssl-dev nlohmann-json3-dev doctest-dev libisal-dev \
-  fio openmpi-bin libopenmpi-dev
+  fio openmpi-bin libopenmpi-dev clang libclang-rt-14-dev
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: all deps build build-asan build-tsan demo test test-tsan bench clean venv
+.PHONY: all deps build build-asan build-tsan build-fuzz demo test test-tsan fuzz bench clean venv venv-bench
 
 all: build
 
@@ -44,6 +51,9 @@ $(ASAN_BUILD)/build.ninja:
 $(TSAN_BUILD)/build.ninja:
 	meson setup $(TSAN_BUILD) --buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false
 
+$(FUZZ_BUILD)/build.ninja:
+	CXX=clang++ meson setup $(FUZZ_BUILD) tests/fuzz
+
 # Python packages for the integration tests (numpy, safetensors, ...), from PyPI.
 $(VENV)/.installed: tests/requirements.txt
 	python3 -m venv $(VENV)
@@ -61,17 +71,23 @@ build-asan: deps $(ASAN_BUILD)/build.ninja
 build-tsan: deps $(TSAN_BUILD)/build.ninja
 	ninja -C $(TSAN_BUILD) $(TSAN_TARGETS)
 
+build-fuzz: deps $(FUZZ_BUILD)/build.ninja
+	ninja -C $(FUZZ_BUILD)
+
 demo: build
 	$(BUILD)/src/cli/ckptio demo $(DEMO_ARGS)
 
-test: build build-asan build-tsan venv
+test: venv build build-asan build-tsan build-fuzz
 	@rc=0; \
 	meson test -C $(BUILD) --print-errorlogs --num-processes 2 || rc=1; \
 	meson test -C $(ASAN_BUILD) --print-errorlogs --num-processes 2 || rc=1; \
 	meson test -C $(TSAN_BUILD) --no-rebuild --print-errorlogs --num-processes 2 $(TSAN_TESTS) || rc=1; \
-	CKPTIO_BIN=$(BUILD)/src/cli/ckptio $(PYTHON) -m pytest -q tests/integration tests/gcs \
+	CKPTIO_BIN=$(BUILD)/src/cli/ckptio $(PYTHON) -m pytest -q tests/integration tests/gcs tests/python \
 	  --junitxml=$(BUILD)/pytest.xml -p no:cacheprovider || rc=1; \
-	python3 tests/tools/summarize.py $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) --junit $(BUILD)/pytest.xml || rc=1; \
+	tests/fuzz/run.sh --build $(FUZZ_BUILD) --seconds $(FUZZ_TEST_SECONDS) \
+	  --junit $(FUZZ_BUILD)/fuzz.xml || rc=1; \
+	python3 tests/tools/summarize.py $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) --junit $(BUILD)/pytest.xml \
+	  --junit $(FUZZ_BUILD)/fuzz.xml || rc=1; \
 	exit $$rc
 
 test-tsan: build-tsan
@@ -80,11 +96,39 @@ test-tsan: build-tsan
 	python3 tests/tools/summarize.py $(TSAN_BUILD) || rc=1; \
 	exit $$rc
 
-bench: build
-	@mkdir -p bench/results
-	$(BUILD)/bench/runtime_bench | tee bench/results/runtime.md
-	$(BUILD)/bench/checkpoint_bench | tee bench/results/checkpoint.md
-	@rm -rf bench/results/tmp
+fuzz: build-fuzz
+	tests/fuzz/run.sh --build $(FUZZ_BUILD) --seconds $(FUZZ_SECONDS)
+
+# orbax-checkpoint, flax, jax (CPU) and tensorstore for bench/tools_compare.py, in a venv of
+# their own so that their pins never have to agree with the tests'.
+VENV_BENCH := .venv-bench
+$(VENV_BENCH)/.installed: bench/requirements.txt
+	python3 -m venv $(VENV_BENCH)
+	$(VENV_BENCH)/bin/pip install -q --disable-pip-version-check -r bench/requirements.txt
+	touch $@
+
+venv-bench: deps $(VENV_BENCH)/.installed
+
+# Every benchmark, sized to finish in about 10 minutes on a 2-core VM; tables go to
+# bench/results/*.md (seed_experiment also writes its traces and SVG timelines there).
+# The naive thread-per-save mode runs on the local disk only: against the emulator it took
+# over 6 minutes alone.
+bench: build venv venv-bench
+	@mkdir -p bench/results; start=$$SECONDS; rc=0; \
+	step() { local t=$$SECONDS; "$$@" || { rc=1; echo "make bench: FAILED: $$*" >&2; }; \
+	  echo "make bench: $$1 took $$((SECONDS - t)) s" >&2; }; \
+	step $(BUILD)/bench/runtime_bench --size-mib 1024 --rounds 3 > bench/results/runtime.md; \
+	step $(BUILD)/bench/checkpoint_bench --sizes-gib 1 --saves 3 > bench/results/checkpoint.md; \
+	step $(BUILD)/bench/micro > bench/results/micro.md; \
+	step $(BUILD)/bench/upload_bench --quick > bench/results/upload-quick.md; \
+	CKPTIO=$(BUILD)/src/cli/ckptio step bench/seed_experiment --only local --saves 10 --out bench/results; \
+	CKPTIO=$(BUILD)/src/cli/ckptio step bench/seed_experiment --only gcs --modes blocking,ckptio --saves 6 \
+	  --out bench/results; \
+	step $(VENV_BENCH)/bin/python bench/tools_compare.py --saves 5 --gcs-saves 3 --ckptio-python $(BUILD)/python \
+	  --ckptio-bin $(BUILD)/src/cli/ckptio --out bench/results/tools.md > /dev/null; \
+	rm -rf bench/results/tmp; \
+	echo "make bench: $$((SECONDS - start)) s in all; load average $$(cut -d' ' -f1-3 /proc/loadavg)" >&2; \
+	cat bench/results/tools.md; exit $$rc
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(VENV)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(VENV)
