@@ -32,16 +32,23 @@ void CpuPool::Enqueue(Job* job, bool urgent) {
   {
     std::lock_guard lock(mu_);
     if (urgent && head_ != nullptr) {
-      job->next = head_;
+      job->next = head_;  // in front; the tail stays where it is
       head_ = job;
     } else if (tail_ != nullptr) {
       tail_->next = job;
+      tail_ = job;
     } else {
-      head_ = job;
+      head_ = tail_ = job;
     }
-    tail_ = job;
   }
   cv_.notify_one();
+}
+
+size_t CpuPool::queued() {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (Job* j = head_; j != nullptr; j = j->next) ++n;
+  return n;
 }
 
 void CpuPool::WorkerMain() {

@@ -64,6 +64,9 @@ class CpuPool {
   // Its jobs are urgent. fn must not throw.
   void ParallelFor(size_t n, const std::function<void(size_t)>& fn, size_t max_helpers = SIZE_MAX);
 
+  // Jobs waiting for a worker (for tests and stats).
+  size_t queued();
+
  private:
   void WorkerMain();
 

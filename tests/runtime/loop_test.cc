@@ -11,7 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -206,6 +208,60 @@ TEST_CASE("many posts from several threads all run, none lost") {
   for (auto& t : posters) t.join();
   auto read_count = [](int* c) -> Task<int> { co_return *c; };
   CHECK(loop.BlockOn(read_count(&count)) == 40'000);
+}
+
+TEST_CASE("an urgent job goes first and loses none of the jobs queued behind it") {
+  // One worker, held busy, so every job below waits in the queue. An urgent
+  // job used to become the queue's tail too, so the next normal job was
+  // linked after it and the jobs in between were lost (a save hung on its
+  // CRC32C lanes).
+  CpuPool pool(1);
+  std::mutex mu;
+  std::vector<std::string> ran;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  struct Named : CpuPool::Job {
+    std::string name;
+    std::mutex* mu;
+    std::vector<std::string>* ran;
+    std::shared_future<void> gate;
+  };
+  std::vector<std::unique_ptr<Named>> jobs;
+  auto make = [&](std::string name, bool blocks) {
+    auto j = std::make_unique<Named>();
+    j->name = std::move(name);
+    j->mu = &mu;
+    j->ran = &ran;
+    if (blocks) j->gate = released;
+    j->run = [](CpuPool::Job* job) {
+      auto* self = static_cast<Named*>(job);
+      if (self->gate.valid()) self->gate.wait();
+      std::lock_guard lock(*self->mu);
+      self->ran->push_back(self->name);
+    };
+    jobs.push_back(std::move(j));
+    return jobs.back().get();
+  };
+  CpuPool::Job* blocker = make("blocker", true);
+  pool.Enqueue(blocker);
+  // The worker has taken the blocker off the queue once it is blocked in it:
+  // wait for that (the blocker's gate is the only thing it can wait on).
+  for (int i = 0; i < 5000 && pool.queued() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(pool.queued() == 0);
+  pool.Enqueue(make("a", false));
+  pool.Enqueue(make("b", false));
+  pool.Enqueue(make("urgent", false), /*urgent=*/true);
+  pool.Enqueue(make("c", false));
+  release.set_value();
+  for (int i = 0; i < 10000; ++i) {
+    {
+      std::lock_guard lock(mu);
+      if (ran.size() == 5) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::lock_guard lock(mu);
+  CHECK(ran == std::vector<std::string>{"blocker", "urgent", "a", "b", "c"});
 }
 
 TEST_CASE("pool.Run runs on a worker and resumes on the loop thread") {
