@@ -206,16 +206,19 @@ void Loop::SubmitAndReap(bool block) {
   ++stats_.enters;
   const uint64_t sqes_before = stats_.sqes;
   int r = block ? io_uring_submit_and_wait(&ring_, 1) : io_uring_submit(&ring_);
-  const auto woke = tracer_ != nullptr ? Tracer::Clock::now() : Tracer::Clock::time_point();
+  // Read once: the tracer may be set by a posted task run inside Reap(), and
+  // a span must not start at the clock's epoch.
+  Tracer* const tracer = tracer_;
+  const auto woke = tracer != nullptr ? Tracer::Clock::now() : Tracer::Clock::time_point();
   if (!block && defer_taskrun_) io_uring_get_events(&ring_);
   if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY && r != -ETIME) {
     std::fprintf(stderr, "ckptio: io_uring_enter failed: %s\n", std::strerror(-r));
     std::abort();
   }
   size_t reaped = Reap();
-  if (tracer_ != nullptr && reaped > 0) {
+  if (tracer != nullptr && reaped > 0) {
     // From the wake-up on: the time the loop was busy dispatching, not idle.
-    tracer_->Span(Track::kIo, "batch of " + std::to_string(reaped), woke, Tracer::Clock::now(),
+    tracer->Span(Track::kIo, "batch of " + std::to_string(reaped), woke, Tracer::Clock::now(),
                   "{\"completions\":" + std::to_string(reaped) + ",\"submitted\":" +
                       std::to_string(stats_.sqes - sqes_before) + "}");
   }
