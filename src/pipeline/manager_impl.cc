@@ -489,21 +489,36 @@ ShardFilter ShardsHolding(std::span<const Wanted> wanted) {
   };
 }
 
+// The tensors of an opened checkpoint by name, for restores that name them.
+class TensorsByName {
+ public:
+  TensorsByName(const format::Manifest& m, int64_t step, const std::string& root) : step_(step), root_(root) {
+    for (size_t i = 0; i < m.tensors.size(); ++i) index_[m.tensors[i].name] = i;
+  }
+  Result<size_t> Find(const std::string& name) const {
+    auto it = index_.find(name);
+    if (it == index_.end()) {
+      return NotFoundError("step " + std::to_string(step_) + " in " + root_ + " has no tensor \"" + name + "\"");
+    }
+    return it->second;
+  }
+
+ private:
+  std::map<std::string_view, size_t> index_;
+  int64_t step_;
+  const std::string& root_;
+};
+
 }  // namespace
 
 Task<Status> ManagerImpl::RestoreIntoTask(int64_t step, std::span<const MutableTensorRef> tensors) {
   CO_ASSIGN_OR_RETURN(OpenedCheckpoint c,
                       co_await OpenCheckpoint(storage_.get(), StepName(step), ShardsHolding(tensors)));
-  std::map<std::string_view, size_t> by_name;
-  for (size_t i = 0; i < c.manifest.tensors.size(); ++i) by_name[c.manifest.tensors[i].name] = i;
-  std::vector<size_t> indices;
-  std::vector<char*> dsts;
+  const TensorsByName by_name(c.manifest, step, root_);
+  std::vector<RangeRead> reads;
   for (const MutableTensorRef& want : tensors) {
-    auto it = by_name.find(want.name);
-    if (it == by_name.end()) {
-      co_return NotFoundError("step " + std::to_string(step) + " in " + root_ + " has no tensor \"" + want.name + "\"");
-    }
-    const format::ManifestTensor& t = c.manifest.tensors[it->second];
+    CO_ASSIGN_OR_RETURN(size_t index, by_name.Find(want.name));
+    const format::ManifestTensor& t = c.manifest.tensors[index];
     if (t.dtype != want.dtype || t.shape != want.shape) {
       co_return InvalidArgumentError("tensor \"" + want.name + "\": the buffer is " +
                                      std::string(format::DTypeName(want.dtype)) + format::ShapeToString(want.shape) +
@@ -513,24 +528,19 @@ Task<Status> ManagerImpl::RestoreIntoTask(int64_t step, std::span<const MutableT
     if (t.bytes > 0 && want.data == nullptr) {
       co_return InvalidArgumentError("tensor \"" + want.name + "\": destination buffer is null");
     }
-    indices.push_back(it->second);
-    dsts.push_back(static_cast<char*>(want.data));
+    reads.push_back({index, 0, t.bytes, static_cast<char*>(want.data)});  // whole: CRC-checked
   }
-  co_return co_await ReadTensors(pool_.get(), &c, std::move(indices), std::move(dsts), nullptr);
+  co_return co_await ReadRanges(pool_.get(), &c, reads);
 }
 
 Task<Status> ManagerImpl::RestoreSlicesTask(int64_t step, std::span<const TensorSlice> slices) {
   CO_ASSIGN_OR_RETURN(OpenedCheckpoint c,
                       co_await OpenCheckpoint(storage_.get(), StepName(step), ShardsHolding(slices)));
-  std::map<std::string_view, size_t> by_name;
-  for (size_t i = 0; i < c.manifest.tensors.size(); ++i) by_name[c.manifest.tensors[i].name] = i;
+  const TensorsByName by_name(c.manifest, step, root_);
   std::vector<RangeRead> reads;
   for (const TensorSlice& want : slices) {
-    auto it = by_name.find(want.name);
-    if (it == by_name.end()) {
-      co_return NotFoundError("step " + std::to_string(step) + " in " + root_ + " has no tensor \"" + want.name + "\"");
-    }
-    const format::ManifestTensor& t = c.manifest.tensors[it->second];
+    CO_ASSIGN_OR_RETURN(size_t index, by_name.Find(want.name));
+    const format::ManifestTensor& t = c.manifest.tensors[index];
     if (want.offset > t.bytes || want.length > t.bytes - want.offset) {  // no overflow: offset <= bytes first
       co_return InvalidArgumentError("tensor \"" + want.name + "\" has " + std::to_string(t.bytes) +
                                      " bytes: the slice of " + std::to_string(want.length) + " bytes at offset " +
@@ -539,7 +549,7 @@ Task<Status> ManagerImpl::RestoreSlicesTask(int64_t step, std::span<const Tensor
     if (want.length > 0 && want.data == nullptr) {
       co_return InvalidArgumentError("tensor \"" + want.name + "\": destination buffer is null");
     }
-    reads.push_back({it->second, want.offset, want.length, static_cast<char*>(want.data)});
+    reads.push_back({index, want.offset, want.length, static_cast<char*>(want.data)});
   }
   co_return co_await ReadRanges(pool_.get(), &c, reads);
 }

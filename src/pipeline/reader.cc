@@ -141,22 +141,15 @@ Task<Result<OpenedCheckpoint>> OpenCheckpoint(storage::Storage* storage, std::st
 
 Task<Status> ReadTensors(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, std::vector<size_t> tensors,
                          std::vector<char*> dsts, const ProgressFn* progress) {
-  std::vector<Piece> pieces;
+  std::vector<RangeRead> reads;
   for (size_t k = 0; k < tensors.size(); ++k) {
-    const format::ManifestTensor& t = ckpt->manifest.tensors[tensors[k]];
-    AddPieces(&pieces, t.shard, t.offset, t.bytes, dsts[k], static_cast<int64_t>(tensors[k]));
+    reads.push_back({tensors[k], 0, ckpt->manifest.tensors[tensors[k]].bytes, dsts[k]});
   }
-  std::vector<uint32_t> crcs;
-  CO_TRY(co_await ReadPieces(pool, ckpt, &pieces, &crcs, progress));
-  std::vector<uint32_t> got = TensorCrcs(*ckpt, pieces, crcs);
-  for (size_t k : tensors) {
-    const format::ManifestTensor& t = ckpt->manifest.tensors[k];
-    if (got[k] != t.crc32c) co_return CrcMismatch(*ckpt, t, got[k]);
-  }
-  co_return Status::Ok();
+  co_return co_await ReadRanges(pool, ckpt, reads, progress);
 }
 
-Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<RangeRead>& reads) {
+Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<RangeRead>& reads,
+                        const ProgressFn* progress) {
   std::vector<Piece> pieces;
   std::vector<size_t> first_piece;  // of each read; its pieces are consecutive
   for (const RangeRead& r : reads) {
@@ -166,7 +159,7 @@ Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const st
   }
   first_piece.push_back(pieces.size());
   std::vector<uint32_t> crcs;
-  CO_TRY(co_await ReadPieces(pool, ckpt, &pieces, &crcs, nullptr));
+  CO_TRY(co_await ReadPieces(pool, ckpt, &pieces, &crcs, progress));
   for (size_t k = 0; k < reads.size(); ++k) {
     const format::ManifestTensor& t = ckpt->manifest.tensors[reads[k].tensor];
     if (reads[k].offset != 0 || reads[k].len != t.bytes) continue;  // partial: bounds only

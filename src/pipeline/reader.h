@@ -52,7 +52,8 @@ struct RangeRead {
 // Reads the ranges (in parallel, each a ranged read of its opened shard).
 // REQUIRES: each range within its tensor. A range that covers its whole
 // tensor is checked against the tensor's CRC32C.
-Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<RangeRead>& reads);
+Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<RangeRead>& reads,
+                        const ProgressFn* progress = nullptr);
 
 // Re-reads every byte of every shard; checks every tensor's and every shard's
 // CRC32C. Returns the bytes read.
