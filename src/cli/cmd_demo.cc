@@ -16,6 +16,7 @@
 #include "cli/common.h"
 #include "cli/demo_state.h"
 #include "cli/inspect.h"
+#include "cli/trainer_sim.h"
 
 namespace ckptio::cli {
 namespace {
@@ -43,60 +44,10 @@ struct RunStats {
 
 const char* ModeName(Mode m) { return m == Mode::kBlocking ? "blocking" : "async"; }
 
-// Length of the union of [start, end) intervals (saves overlap in async mode;
-// summing their durations would count the overlap twice).
-double UnionLength(std::vector<std::pair<double, double>> intervals) {
-  std::sort(intervals.begin(), intervals.end());
-  double total = 0;
-  double cur_start = 0;
-  double cur_end = -1;
-  for (const auto& [s, e] : intervals) {
-    if (s > cur_end) {
-      if (cur_end > cur_start) total += cur_end - cur_start;
-      cur_start = s;
-      cur_end = e;
-    } else {
-      cur_end = std::max(cur_end, e);
-    }
-  }
-  if (cur_end > cur_start) total += cur_end - cur_start;
-  return total;
-}
-
-// Removes what an earlier demo run left in `dir`, so steps start fresh.
-Status ClearCheckpoints(CheckpointManager& manager) {
-  const std::vector<int64_t> steps = manager.AllSteps();
-  for (int64_t step : steps) RETURN_IF_ERROR(manager.Delete(step));
-  if (!steps.empty()) {
-    std::printf("  (removed %zu checkpoints of an earlier run from %s)\n", steps.size(), manager.root().c_str());
-  }
-  return Status::Ok();
-}
-
 std::string StepMetadata(Mode mode, int64_t step) {
   return std::string("{\"demo\":\"") + ModeName(mode) + "\",\"step\":" + std::to_string(step) + "}";
 }
 
-// Two overlapping untimed saves, deleted again: they pay the first-touch
-// costs (all of staging, whose pages this VM backs slowly on first use, and
-// the writer's start-up) that a real trainer pays long before its first save,
-// since it opens the manager at start-up and trains for minutes before it
-// saves. Without them, whichever run goes first looks slower for reasons that
-// are not its own (measured: a first snapshot of 1 GiB took 2.9 s, later ones
-// 0.06 s).
-Status WarmUp(CheckpointManager& manager, const DemoState& state) {
-  std::vector<SaveHandle> saves;
-  for (int64_t step : {0, 1}) {
-    ASSIGN_OR_RETURN(SaveHandle h, manager.Save(step, state.tensors(), "{\"demo\":\"warm-up\"}"));
-    saves.push_back(std::move(h));
-  }
-  for (const SaveHandle& h : saves) {
-    if (!h.skipped()) RETURN_IF_ERROR(h.Wait());
-  }
-  // A small `keep` may have pruned some of them already.
-  for (int64_t step : manager.AllSteps()) RETURN_IF_ERROR(manager.Delete(step));
-  return Status::Ok();
-}
 
 // Collects the outcome of every save once the run has ended.
 Status Tally(const std::vector<std::pair<Clock::time_point, SaveHandle>>& saves, Clock::time_point start,
@@ -119,8 +70,13 @@ Status Tally(const std::vector<std::pair<Clock::time_point, SaveHandle>>& saves,
 
 Result<RunStats> RunTrainer(Mode mode, const DemoArgs& a, DemoState* state, const std::string& dir) {
   ASSIGN_OR_RETURN(auto manager, CheckpointManager::Open(dir, a.options));
-  RETURN_IF_ERROR(ClearCheckpoints(*manager));
-  RETURN_IF_ERROR(WarmUp(*manager, *state));
+  // What an earlier demo run left in `dir` goes, so steps start fresh; then
+  // untimed warm-up saves (trainer_sim.h says why).
+  ASSIGN_OR_RETURN(size_t removed, ClearCheckpoints(*manager));
+  if (removed > 0) {
+    std::printf("  (removed %zu checkpoints of an earlier run from %s)\n", removed, manager->root().c_str());
+  }
+  RETURN_IF_ERROR(WarmUp(*manager, state->tensors()));
   RunStats stats;
   std::vector<std::pair<Clock::time_point, SaveHandle>> saves;
   const Clock::time_point start = Clock::now();

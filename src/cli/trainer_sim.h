@@ -4,9 +4,6 @@
 // per-tensor CRC32C of a state (to tell a torn checkpoint from a good one),
 // and the union length of save intervals.
 //
-// (cmd_demo.cc has its own copies of WarmUp, ClearCheckpoints and
-// UnionLength from before this file existed; it can call these instead.)
-//
 // Threads: the trainer's thread; nothing here keeps state.
 
 #include <chrono>
