@@ -19,11 +19,11 @@ TSAN_BUILD ?= build-tsan
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 3600
 FUZZ_TEST_SECONDS ?= 30
-# The tests with threads worth racing: the loop, the CPU pool, HTTP, the manager.
+# The tests with threads worth racing: the loop, the CPU pool, HTTP, the manager, GCS on several loops.
 TSAN_TESTS := runtime_task runtime_loop http_client pipeline_manager pipeline_crash pipeline_disk_full \
-  pipeline_preemption
-TSAN_TARGETS := $(addprefix tests/,$(addsuffix _test,$(TSAN_TESTS))) tests/pipeline/crash_saver \
-  tests/pipeline/preempt_trainer
+  pipeline_preemption gcs_loops
+TSAN_TARGETS := $(addprefix tests/,$(addsuffix _test,$(filter-out gcs_loops,$(TSAN_TESTS)))) \
+  tests/pipeline/crash_saver tests/pipeline/preempt_trainer tests/gcs/gcs_checkpoint_test
 DEMO_ARGS ?=
 
 APT_PACKAGES := g++ make meson ninja-build pkg-config cmake python3 python3-venv \
@@ -122,7 +122,7 @@ bench: build venv venv-bench
 	step $(BUILD)/bench/micro > bench/results/micro.md; \
 	step $(BUILD)/bench/upload_bench --quick > bench/results/upload-quick.md; \
 	CKPTIO=$(BUILD)/src/cli/ckptio step bench/seed_experiment --only local --saves 10 --out bench/results; \
-	CKPTIO=$(BUILD)/src/cli/ckptio step bench/seed_experiment --only gcs --modes blocking,ckptio --saves 6 \
+	CKPTIO=$(BUILD)/src/cli/ckptio step bench/seed_experiment --only gcs --modes blocking,ckptio,ckptio-borrow --saves 6 \
 	  --out bench/results; \
 	step $(VENV_BENCH)/bin/python bench/tools_compare.py --saves 5 --gcs-saves 3 --ckptio-python $(BUILD)/python \
 	  --ckptio-bin $(BUILD)/src/cli/ckptio --out bench/results/tools.md > /dev/null; \

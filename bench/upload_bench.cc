@@ -10,10 +10,10 @@
 // Run it under `nice -n -5` (as root) on a shared machine: the sink and curl
 // inherit the priority, and fewer runs lose the cores mid-way.
 //
-// ckptio: GcsClient::Upload over a runtime::Loop + http::HttpClient made as
-// storage::GcsStorage makes them (resumable sessions, chunk_size as in
-// Options::Gcs unless --chunk-mib), from a warm in-memory buffer, the bytes
-// split across N objects uploaded at once over N connections. curl: N
+// ckptio: storage::GcsStorage's WriteFile, the path a save's shards take
+// (gcs.loops event loops, resumable sessions, chunk_size as in Options::Gcs
+// unless --chunk-mib), from a warm in-memory buffer, the bytes split across N
+// objects uploaded at once over N connections. curl: N
 // `curl -T` processes, each sending size/N bytes from a memfd. The limit: one
 // connection from this process with no HTTP client at all, send() (or
 // SSL_write) of the buffer in 1 MiB slices after a hand-written PUT head.
@@ -55,6 +55,7 @@
 #include "gcs/gcs_client.h"
 #include "http/http_client.h"
 #include "runtime/loop.h"
+#include "storage/gcs_storage.h"
 
 extern char** environ;
 
@@ -76,7 +77,7 @@ struct Args {
   bool verbose = false;  // every run on stderr
   std::string only;      // "ckptio" or "curl": run just that one (for profiling)
   int nice = 0;          // --nice: priority of the bench, the sink and curl
-  int loops = 1;         // --loops: ckptio event loops (threads); 1 as in GcsStorage
+  int loops = Options::Gcs{}.loops;  // --loops: gcs.loops (the library's default unless given)
   std::string sink;  // default: http_sink next to this program
   std::string curl = "curl";
 };
@@ -243,9 +244,6 @@ class Sink {
 struct Run {
   Rate client;
   double sink_cpu = 0;
-  // ckptio only: io_uring submissions and io_uring_enter calls per MiB.
-  double sqes_per_mib = 0;
-  double enters_per_mib = 0;
 };
 
 // Medians of each figure over the rounds.
@@ -274,93 +272,50 @@ Summary Summarize(const std::vector<Run>& runs) {
 
 // ---- ckptio ----
 
-Task<Status> UploadObjects(gcs::GcsClient* client, const std::vector<gcs::UploadSource>* sources) {
-  std::vector<Task<Result<gcs::ObjectMeta>>> uploads;
-  for (size_t i = 0; i < sources->size(); ++i) {
-    uploads.push_back(client->Upload("bench", "upload_bench/object-" + std::to_string(i), &(*sources)[i]));
-  }
-  std::vector<Result<gcs::ObjectMeta>> done = co_await WhenAll(std::move(uploads));
-  for (size_t i = 0; i < done.size(); ++i) {
-    if (!done[i].ok()) co_return done[i].status();
-    if (done[i]->size != (*sources)[i].size) co_return CorruptionError("the sink stored a wrong size");
-  }
+// The path a save's shards take: storage::OpenGcsStorage (gcs.loops event
+// loops: this one plus loops-1 threads, each with its share of
+// gcs.connections), one CheckpointWriter, n FileImages written at once.
+Task<Status> WriteImages(storage::Storage* storage, const std::vector<storage::FileImage>* images) {
+  CO_ASSIGN_OR_RETURN(std::unique_ptr<storage::CheckpointWriter> writer,
+                      co_await storage->StartCheckpoint("upload_bench", /*replace=*/false, /*shared=*/false));
+  std::vector<Task<Status>> writes;
+  for (const storage::FileImage& image : *images) writes.push_back(writer->WriteFile(&image));
+  std::vector<Status> done = co_await WhenAll(std::move(writes));
+  for (Status& s : done) CO_TRY(s);  // each upload checked the size the sink stored
   co_return Status::Ok();
 }
 
-// Uploads `sources` on `loop` over g.connections connections; adds the
-// loop's io_uring submissions and enters to *sqes and *enters.
-Status UploadOnLoop(Loop& loop, const Options::Gcs& g, const std::vector<gcs::UploadSource>* sources, uint64_t* sqes,
-                    uint64_t* enters) {
-  const runtime::LoopStats before = loop.stats();
-  http::HttpOptions ho;  // as storage::GcsStorage makes it
-  ho.max_connections = g.connections;
-  ho.http_version = g.http_version;
-  ho.connect_timeout = g.timeouts.connect;
-  ho.stall_timeout = g.timeouts.stall;
-  ho.ca_file = g.ca_file;
-  auto http = http::HttpClient::Create(loop, ho);
-  if (!http.ok()) return http.status();
-  auto auth = gcs::MakeAuth(loop, **http, g, /*emulator=*/true);
-  if (!auth.ok()) return auth.status();
-  gcs::GcsClient client(loop, **http, **auth, g.endpoint, g);
-  Status s = loop.Run(UploadObjects(&client, sources));
-  if (client.stats().retries != 0) {
-    std::fprintf(stderr, "note: %llu retries in a ckptio run\n",
-                 static_cast<unsigned long long>(client.stats().retries));
-  }
-  *sqes += loop.stats().sqes - before.sqes;
-  *enters += loop.stats().enters - before.enters;
-  return s;
-}
-
-// n objects of size/n over n connections. With loops > 1 (an experiment:
-// GcsStorage uses one loop), object i goes to loop i % loops, each loop on a
-// thread of its own with its own HttpClient.
+// n objects of size/n over n connections, on `loops` event loops.
 Run RunCkptio(Loop& loop, const Sink& sink, const std::string& scheme, int n, int loops, uint64_t chunk,
               const char* data, uint64_t size) {
-  loops = std::clamp(loops, 1, n);
   Options::Gcs g;
-  g.endpoint = sink.Url(scheme);
   g.chunk_size = chunk;
+  g.connections = n;
+  g.loops = loops;
   if (scheme == "https") g.ca_file = sink.cert;
-  std::vector<std::vector<gcs::UploadSource>> per_loop(static_cast<size_t>(loops));
+  // The emulator convention: this endpoint, no credentials.
+  ::setenv("STORAGE_EMULATOR_HOST", sink.Url(scheme).c_str(), 1);
+  auto opened = loop.Run(storage::OpenGcsStorage(loop, "gs://bench/upload_bench", g));
+  if (!opened.ok()) Fail("open gs://bench on " + sink.Url(scheme) + ": " + opened.status().ToString());
+  std::unique_ptr<storage::Storage> storage = std::move(opened).value();
+  std::vector<storage::FileImage> images(static_cast<size_t>(n));
   const uint64_t part = size / n;
   for (int i = 0; i < n; ++i) {
-    gcs::UploadSource& src = per_loop[i % loops].emplace_back();
-    src.pieces = {{data + i * part, static_cast<size_t>(part)}};
-    src.size = part;
+    images[i].name = "object-" + std::to_string(i);
+    images[i].size = part;
+    images[i].segments = {{0, data + i * part, static_cast<size_t>(part), static_cast<size_t>(part)}};
   }
-  std::vector<Status> status(per_loop.size());
-  std::vector<uint64_t> sqes(per_loop.size()), enters(per_loop.size());
-  auto upload = [&](Loop& l, size_t k) {
-    Options::Gcs gk = g;
-    gk.connections = static_cast<int>(per_loop[k].size());
-    status[k] = UploadOnLoop(l, gk, &per_loop[k], &sqes[k], &enters[k]);
-  };
   Run run;
   const double sink0 = sink.CpuSeconds();
   Phase p;
-  if (loops == 1) {
-    upload(loop, 0);
-  } else {
-    std::vector<std::thread> threads;
-    for (size_t k = 0; k < per_loop.size(); ++k) {
-      threads.emplace_back([&, k] {
-        auto l = Loop::Create();
-        if (l.ok()) upload(**l, k);
-        else status[k] = l.status();
-      });
-    }
-    for (std::thread& t : threads) t.join();
-  }
+  Status s = loop.Run(WriteImages(storage.get(), &images));
   run.client.seconds = p.wall();
   run.client.cpu = p.cpu();
   run.client.bytes = double(size);
   run.sink_cpu = sink.CpuSeconds() - sink0;
-  for (size_t k = 0; k < per_loop.size(); ++k) {
-    if (!status[k].ok()) Fail("ckptio upload to " + g.endpoint + ": " + status[k].ToString());
-    run.sqes_per_mib += double(sqes[k]) / double(size / kMiB);
-    run.enters_per_mib += double(enters[k]) / double(size / kMiB);
+  if (!s.ok()) Fail("ckptio upload to " + sink.Url(scheme) + ": " + s.ToString());
+  if (storage->retries() != 0) {
+    std::fprintf(stderr, "note: %llu retries in a ckptio run\n", static_cast<unsigned long long>(storage->retries()));
   }
   return run;
 }
@@ -617,10 +572,10 @@ void PrintRuns(const Bench& b, const std::string& scheme, int n, const std::vect
   const double gib = double(b.size) / kGiB;
   for (size_t r = 0; r < ours.size(); ++r) {
     std::fprintf(stderr,
-                 "%s n=%d round %zu: ckptio %.3f GB/s %.3f CPU s/GiB (sink %.3f; %.1f SQEs, %.1f enters per MiB)"
+                 "%s n=%d round %zu: ckptio %.3f GB/s %.3f CPU s/GiB (sink %.3f)"
                  " | curl %.3f GB/s %.3f CPU s/GiB (sink %.3f)\n",
                  scheme.c_str(), n, r, ours[r].client.gbps(), ours[r].client.cpu_per_gib(), ours[r].sink_cpu / gib,
-                 ours[r].sqes_per_mib, ours[r].enters_per_mib, theirs[r].client.gbps(), theirs[r].client.cpu_per_gib(),
+                 theirs[r].client.gbps(), theirs[r].client.cpu_per_gib(),
                  theirs[r].sink_cpu / gib);
   }
 }
@@ -729,12 +684,11 @@ void PrintResults(const Bench& b, const std::vector<Limit>& limits, const std::v
     }
   }
   t.Print();
-  const std::string loops = b.args.loops == 1
-                                ? "one event loop (as GcsStorage does)"
-                                : "up to " + std::to_string(b.args.loops) + " event loops on their own threads";
-  std::printf("\nckptio: GcsClient::Upload (resumable sessions, chunk_size %llu MiB, no auth), the buffer split into N "
-              "objects uploaded at once over Options::Gcs::connections = N, on %s; CPU = this process's user+sys.\n",
-              static_cast<unsigned long long>(b.args.chunk_mib), loops.c_str());
+  std::printf("\nckptio: storage::GcsStorage, as a save writes its shards: the buffer split into N objects written "
+              "at once through one CheckpointWriter (resumable sessions, chunk_size %llu MiB, no auth), "
+              "gcs.connections = N, gcs.loops = %d (event loops carrying the uploads, %d of them on threads of "
+              "their own); CPU = this process's user+sys.\n",
+              static_cast<unsigned long long>(b.args.chunk_mib), b.args.loops, b.args.loops - 1);
   std::printf("curl: N processes at once, each `%s` for a memfd of size/N (tmpfs pages); CPU = user+sys of the "
               "children (wait4).\n",
               Join(CurlCommand(b.args, b.sink, "https", "/dev/fd/N")).c_str());

@@ -78,8 +78,12 @@ struct Options {
     std::string endpoint;
     // Resumable upload chunk; GCS requires a multiple of 256 KiB.
     uint64_t chunk_size = uint64_t{16} << 20;  // 16 MiB
-    // HTTP connections in the pool shared by all uploads.
+    // HTTP connections in the pool shared by all uploads (split among `loops`).
     int connections = 16;
+    // Event loops that carry shard uploads and ranged reads, each on a thread
+    // with its own connections: TLS costs CPU, and one thread tops out near
+    // one core. The first is the manager's own loop; 1 = no extra thread.
+    int loops = 2;
     struct Retry {
       int max_attempts = 6;  // including the first; 1 = no retry
       std::chrono::milliseconds initial_backoff{200};

@@ -6,8 +6,8 @@
 // Returns the task's value or rethrows its exception.
 //
 // Do not use this for a task whose first step touches a Loop owned by another
-// thread: use Loop::Run on the loop's own thread, or RunOnLoop() from
-// runtime/loop.h, which starts the task on the loop thread.
+// thread: use Loop::Run on the loop's own thread, Loop::BlockOn() from another
+// thread, or OnLoop() (runtime/loop.h) from a coroutine on another loop.
 
 #include <coroutine>
 #include <exception>

@@ -225,7 +225,11 @@ const std::vector<Knob>& Table() {
       Size(CKPTIO_KNOB(gcs.chunk_size), "Bytes per resumable upload request.", 256 * kKiB,
            std::numeric_limits<uint64_t>::max(), 256 * kKiB,
            "GCS resumable uploads require it"),
-      Int(CKPTIO_KNOB(gcs.connections), "HTTP connections shared by all uploads.", 1, 1024),
+      Int(CKPTIO_KNOB(gcs.connections), "HTTP connections shared by all uploads (split among gcs.loops).", 1, 1024),
+      Int(CKPTIO_KNOB(gcs.loops),
+          "Event-loop threads that carry shard uploads and reads, each with its own connections "
+          "(TLS is CPU-bound: one thread tops out near one core); 1 = all on the manager's loop.",
+          1, 64),
       Group("gcs.retry", "Retries of 408, 429, 5xx and transport errors."),
       Int(CKPTIO_KNOB(gcs.retry.max_attempts), "Attempts per request, the first included.", 1,
           1000),

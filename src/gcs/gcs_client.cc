@@ -48,6 +48,20 @@ Result<ObjectMeta> ParseObjectBody(const http::Response& r, const std::string& w
   return ParseObject(j, what);
 }
 
+// What the server says it stored against what we sent: the size, and the
+// CRC32C (once known; REQUIRES: source->crc_ready, if any, is set).
+Status CheckStored(const ObjectMeta& meta, const UploadSource* source, const std::string& what) {
+  if (source->crc32c != nullptr && meta.crc32c && *meta.crc32c != *source->crc32c) {
+    return CorruptionError(what + ": the server stored CRC32C " + format::Crc32cToHex(*meta.crc32c) +
+                           " but the data has " + format::Crc32cToHex(*source->crc32c));
+  }
+  if (meta.size != source->size) {
+    return CorruptionError(what + ": the server stored " + std::to_string(meta.size) + " bytes of " +
+                           std::to_string(source->size));
+  }
+  return Status::Ok();
+}
+
 // "bytes=0-N" -> N + 1; no header -> 0 (nothing persisted).
 uint64_t CommittedBytes(const http::Response& r) {
   std::string_view range = r.Header("range");
@@ -189,14 +203,53 @@ Task<Result<http::Response>> GcsClient::QuerySession(const std::string& session,
   co_return co_await http_.Send(std::move(r));
 }
 
-Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name, const UploadSource* source) {
+Task<Result<ObjectMeta>> GcsClient::UploadOnce(std::string bucket, std::string name, const UploadSource* source) {
   const std::string what = "upload " + GsUrl(bucket, name);
+  std::string url = WithUserProject(endpoint_ + "/upload/storage/v1/b/" + UrlEncode(bucket) +
+                                    "/o?uploadType=media&name=" + UrlEncode(name));
+  // The CRC32C goes with the bytes if it is known by now (the server then
+  // refuses bytes that do not match); either way the CRC the server stored
+  // is checked against ours below, before anything can commit this object.
+  const bool crc_known = source->crc32c != nullptr && (source->crc_ready == nullptr || source->crc_ready->is_set());
+  auto make = [&url, source, crc_known] {
+    http::Request r;
+    r.method = "POST";
+    r.url = url;
+    r.headers = {"Content-Type: application/octet-stream"};
+    if (crc_known) r.headers.push_back("x-goog-hash: crc32c=" + format::Crc32cToBase64(*source->crc32c));
+    r.pieces = Slice(source, 0, source->size);
+    return r;
+  };
+  stats_.bytes_uploaded += source->size;
+  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make));
+  CO_ASSIGN_OR_RETURN(ObjectMeta meta, ParseObjectBody(resp, what));
+  if (source->crc_ready != nullptr) co_await source->crc_ready->Wait();
+  CO_TRY(CheckStored(meta, source, what));
+  if (source->progress != nullptr) source->progress->fetch_add(source->size, std::memory_order_relaxed);
+  co_return meta;
+}
+
+Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name, const UploadSource* source) {
   const uint64_t chunk = std::max(kChunkQuantum, options_.chunk_size / kChunkQuantum * kChunkQuantum);
+  // What fits one chunk goes in one request: a resumable session would cost
+  // a round trip more and send the same single chunk. (An empty object keeps
+  // the session: a POST without a body is not worth a special case.)
+  if (source->size > 0 && source->size <= chunk) {
+    co_return co_await UploadOnce(std::move(bucket), std::move(name), source);
+  }
+  const std::string what = "upload " + GsUrl(bucket, name);
   Backoff backoff(options_.retry);
   std::string session;
   uint64_t committed = 0;  // bytes the server has persisted
   uint64_t sent_end = 0;   // end of what we have sent so far
   bool refreshed = false;
+  // source->progress may be shared by several uploads: add what is new.
+  uint64_t reported = 0;
+  auto report = [source, &reported](uint64_t acknowledged) {
+    if (source->progress == nullptr || acknowledged <= reported) return;
+    source->progress->fetch_add(acknowledged - reported, std::memory_order_relaxed);
+    reported = acknowledged;
+  };
   for (;;) {
     if (session.empty()) {
       CO_ASSIGN_OR_RETURN(session, co_await StartSession(bucket, name, source, what));
@@ -216,7 +269,7 @@ Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name,
       if (!failure.status.ok()) break;
       if (resp->status != 308) break;  // 200/201: the object exists
       committed = CommittedBytes(*resp);
-      if (source->progress != nullptr) source->progress->store(committed, std::memory_order_relaxed);
+      report(committed);
     }
     // Either finished, or failed: query the session to learn what it has.
     while (failure.status.ok() == false) {
@@ -245,15 +298,8 @@ Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name,
     if (session.empty() || (resp.ok() && resp->status == 308)) continue;
     // 200/201: done. Check the server's CRC32C against ours.
     CO_ASSIGN_OR_RETURN(ObjectMeta meta, ParseObjectBody(*resp, what));
-    if (source->crc32c != nullptr && meta.crc32c && *meta.crc32c != *source->crc32c) {
-      co_return CorruptionError(what + ": the server stored CRC32C " + format::Crc32cToHex(*meta.crc32c) +
-                                " but the data has " + format::Crc32cToHex(*source->crc32c));
-    }
-    if (meta.size != source->size) {
-      co_return CorruptionError(what + ": the server stored " + std::to_string(meta.size) + " bytes of " +
-                                std::to_string(source->size));
-    }
-    if (source->progress != nullptr) source->progress->store(source->size, std::memory_order_relaxed);
+    CO_TRY(CheckStored(meta, source, what));
+    report(source->size);
     co_return meta;
   }
 }

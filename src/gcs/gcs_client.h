@@ -59,7 +59,7 @@ struct UploadSource {
   // check; the CRC the server computed is checked against it.
   const uint32_t* crc32c = nullptr;
   runtime::AsyncEvent* crc_ready = nullptr;
-  std::atomic<uint64_t>* progress = nullptr;  // bytes acknowledged so far
+  std::atomic<uint64_t>* progress = nullptr;  // bytes the server acknowledged are added here
 };
 
 class GcsClient {
@@ -68,7 +68,8 @@ class GcsClient {
   GcsClient(runtime::Loop& loop, http::HttpClient& http, AuthProvider& auth, std::string endpoint,
             Options::Gcs options);
 
-  // A resumable upload (any size; a one-request upload when it fits a chunk).
+  // An object of any size: one request when it fits a chunk, else a
+  // resumable upload in chunks.
   Task<Result<ObjectMeta>> Upload(std::string bucket, std::string name, const UploadSource* source);
   // A small object in one request; if_generation_match=0 makes it fail with
   // AlreadyExists if the object exists (the commit of a manifest).
@@ -95,6 +96,8 @@ class GcsClient {
   struct Attempt;
   // Sends a request built by `make` with retries; `what` names it in errors.
   Task<Result<http::Response>> Call(std::string what, const std::function<http::Request()>& make);
+  // One request (uploadType=media); the stored CRC32C is checked after.
+  Task<Result<ObjectMeta>> UploadOnce(std::string bucket, std::string name, const UploadSource* source);
   Task<Result<std::string>> StartSession(const std::string& bucket, const std::string& name,
                                          const UploadSource* source, const std::string& what);
   Task<Result<http::Response>> SendChunk(const std::string& session, const UploadSource* source,

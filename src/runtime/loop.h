@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "ckptio/status.h"
@@ -278,6 +279,73 @@ T Loop::BlockOn(Task<T> task) {
   Post(&starter);
   done.Wait();
   return runner.Take();
+}
+
+namespace detail {
+// Runs a task on another loop's thread and resumes the awaiting coroutine on
+// its own loop's thread (both hops by Post). See OnLoop() below.
+template <typename T>
+class CrossLoop final : ckptio::detail::Notifier {
+ public:
+  CrossLoop(Loop* target, Task<T> task) : target_(target), runner_(ckptio::detail::MakeRunner<T>(std::move(task))) {
+    start_.self = this;
+    start_.run = [](PostNode* n) {
+      CrossLoop* self = static_cast<Node*>(n)->self;
+      self->runner_.Start(self);
+    };
+    back_.self = this;
+    back_.run = [](PostNode* n) { static_cast<Node*>(n)->self->waiter_.resume(); };
+  }
+  CrossLoop(const CrossLoop&) = delete;
+  CrossLoop& operator=(const CrossLoop&) = delete;
+
+  bool await_ready() const noexcept { return false; }
+  void await_suspend(std::coroutine_handle<> h) {
+    waiter_ = h;
+    origin_ = Loop::Current();
+    target_->Post(&start_);
+  }
+  T await_resume() { return runner_.Take(); }
+
+ private:
+  struct Node : PostNode {
+    CrossLoop* self = nullptr;
+  };
+  // On the target's thread, as the task finishes: nothing of *this is
+  // touched after the Post (the origin may resume and destroy it at once).
+  // A caller on no loop (SyncWait) is resumed right here instead.
+  void Notify() noexcept override {
+    if (origin_ != nullptr) {
+      origin_->Post(&back_);
+    } else {
+      waiter_.resume();
+    }
+  }
+
+  Loop* target_;
+  Loop* origin_ = nullptr;
+  std::coroutine_handle<> waiter_;
+  ckptio::detail::RunnerTask<T> runner_;
+  Node start_;
+  Node back_;
+};
+}  // namespace detail
+
+// Awaitable from a coroutine running on a loop: runs `task` on `target`'s
+// thread (inline if that is this loop) and resumes the caller on its own
+// loop with the task's result or exception. Whatever the task references
+// must be safe to use from the target's thread meanwhile; the Posts order
+// everything written before the call, and by the task, with the other side.
+// REQUIRES: `target` runs until the task finishes.
+template <typename T>
+Task<T> OnLoop(Loop& target, Task<T> task) {
+  if (&target == Loop::Current()) co_return co_await task;
+  detail::CrossLoop<T> hop(&target, std::move(task));
+  if constexpr (std::is_void_v<T>) {
+    co_await hop;
+  } else {
+    co_return co_await hop;
+  }
 }
 
 // A Loop running on a thread of its own until the LoopThread is destroyed.

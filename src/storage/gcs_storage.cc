@@ -1,5 +1,6 @@
 #include "storage/gcs_storage.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -10,6 +11,7 @@
 #include "gcs/gcs_client.h"
 #include "gcs/gcs_url.h"
 #include "http/http_client.h"
+#include "runtime/loop.h"
 
 namespace ckptio::storage {
 namespace {
@@ -36,22 +38,27 @@ class GcsWriter final : public CheckpointWriter {
   std::vector<std::string> uploaded_;  // objects to delete on Abort
 };
 
+// One event loop that carries transfers, with its own connections, token and
+// client. Lane 0 runs on the manager's loop; the others each on a thread of
+// their own (gcs.loops), so TLS and HTTP work spread over the cores. A lane's
+// objects are created, used and destroyed on its loop's thread only.
+struct Lane {
+  std::unique_ptr<runtime::LoopThread> thread;  // null for lane 0
+  runtime::Loop* loop = nullptr;
+  std::unique_ptr<http::HttpClient> http;
+  std::unique_ptr<gcs::AuthProvider> auth;
+  std::unique_ptr<GcsClient> client;
+};
+
 class GcsReadable final : public ReadableFile {
  public:
-  GcsReadable(GcsClient* client, std::string bucket, std::string object, uint64_t size)
-      : client_(client), bucket_(std::move(bucket)), object_(std::move(object)), size_(size) {}
+  GcsReadable(GcsStorage* storage, std::string bucket, std::string object, uint64_t size)
+      : storage_(storage), bucket_(std::move(bucket)), object_(std::move(object)), size_(size) {}
   uint64_t size() const override { return size_; }
-  Task<Status> ReadAt(uint64_t offset, char* dst, size_t len) override {
-    if (offset + len > size_) {
-      co_return CorruptionError(GsUrl(bucket_, object_) + ": truncated: wanted " + std::to_string(len) +
-                                " bytes at offset " + std::to_string(offset) + ", the object has " +
-                                std::to_string(size_));
-    }
-    co_return co_await client_->Read(bucket_, object_, offset, len, dst, size_);
-  }
+  Task<Status> ReadAt(uint64_t offset, char* dst, size_t len) override;
 
  private:
-  GcsClient* client_;
+  GcsStorage* storage_;
   std::string bucket_;
   std::string object_;
   uint64_t size_;
@@ -59,10 +66,11 @@ class GcsReadable final : public ReadableFile {
 
 class GcsStorage final : public Storage {
  public:
-  GcsStorage(std::string root, gcs::GcsPath path, std::unique_ptr<http::HttpClient> http,
-             std::unique_ptr<gcs::AuthProvider> auth, std::unique_ptr<GcsClient> client)
-      : root_(std::move(root)), path_(std::move(path)), http_(std::move(http)), auth_(std::move(auth)),
-        client_(std::move(client)) {}
+  // lanes[0] runs on the manager's loop and serves everything but the bulk
+  // transfers (which go round-robin over all lanes).
+  GcsStorage(std::string root, gcs::GcsPath path, std::vector<std::unique_ptr<Lane>> lanes)
+      : root_(std::move(root)), path_(std::move(path)), lanes_(std::move(lanes)), client_(lanes_[0]->client.get()) {}
+  ~GcsStorage() override;
 
   const std::string& root() const override { return root_; }
   Task<Result<std::vector<Entry>>> List() override;
@@ -72,10 +80,20 @@ class GcsStorage final : public Storage {
   Task<Result<std::unique_ptr<ReadableFile>>> OpenFile(std::string checkpoint, std::string file) override;
   Task<Status> Remove(std::string name) override;
   Status LockForWriting() override { return Status::Ok(); }
-  uint64_t retries() const override { return client_->stats().retries; }
-  uint64_t requests() const override { return client_->stats().requests; }
+  uint64_t retries() const override {
+    uint64_t n = 0;
+    for (const auto& lane : lanes_) n += lane->client->stats().retries;
+    return n;
+  }
+  uint64_t requests() const override {
+    uint64_t n = 0;
+    for (const auto& lane : lanes_) n += lane->client->stats().requests;
+    return n;
+  }
 
   GcsClient& client() { return *client_; }
+  // The lane for the next bulk transfer (loop thread only).
+  Lane& NextLane() { return *lanes_[next_lane_++ % lanes_.size()]; }
   const std::string& bucket() const { return path_.bucket; }
   // "prefix/" or "" : what every object name of this root starts with.
   std::string Base() const { return path_.prefix.empty() ? "" : path_.prefix + "/"; }
@@ -86,10 +104,47 @@ class GcsStorage final : public Storage {
  private:
   std::string root_;
   gcs::GcsPath path_;
-  std::unique_ptr<http::HttpClient> http_;
-  std::unique_ptr<gcs::AuthProvider> auth_;
-  std::unique_ptr<GcsClient> client_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  GcsClient* client_;  // lanes_[0]'s
+  size_t next_lane_ = 0;
 };
+
+// Destroys a lane's clients on its own loop's thread (they hold polls and
+// timers in its ring).
+Task<void> DropClients(Lane* lane) {
+  lane->client.reset();
+  lane->auth.reset();
+  lane->http.reset();
+  co_return;
+}
+
+GcsStorage::~GcsStorage() {
+  for (auto& lane : lanes_) {
+    if (lane->thread != nullptr) lane->thread->loop().BlockOn(DropClients(lane.get()));
+  }
+}
+
+// Sets an event on the loop this runs on.
+Task<void> SetEvent(runtime::AsyncEvent* event) {
+  event->Set();
+  co_return;
+}
+
+// Sets `to` (an event of `loop`) once `from` (an event of this loop) is set.
+Task<void> ForwardEvent(runtime::AsyncEvent* from, runtime::Loop* loop, runtime::AsyncEvent* to) {
+  co_await from->Wait();
+  co_await runtime::OnLoop(*loop, SetEvent(to));
+}
+
+Task<Status> GcsReadable::ReadAt(uint64_t offset, char* dst, size_t len) {
+  if (offset + len > size_) {
+    co_return CorruptionError(GsUrl(bucket_, object_) + ": truncated: wanted " + std::to_string(len) +
+                              " bytes at offset " + std::to_string(offset) + ", the object has " +
+                              std::to_string(size_));
+  }
+  Lane& lane = storage_->NextLane();
+  co_return co_await runtime::OnLoop(*lane.loop, lane.client->Read(bucket_, object_, offset, len, dst, size_));
+}
 
 Task<Result<std::vector<Entry>>> GcsStorage::List() {
   // One listing of every object under the root (paged): the first path
@@ -129,19 +184,24 @@ Task<Result<std::string>> GcsStorage::ReadSmallFile(std::string checkpoint, std:
 Task<Result<std::unique_ptr<ReadableFile>>> GcsStorage::OpenFile(std::string checkpoint, std::string file) {
   const std::string object = Object(checkpoint, file);
   CO_ASSIGN_OR_RETURN(gcs::ObjectMeta meta, co_await client_->Stat(bucket(), object));
-  co_return std::unique_ptr<ReadableFile>(new GcsReadable(client_.get(), bucket(), object, meta.size));
+  co_return std::unique_ptr<ReadableFile>(new GcsReadable(this, bucket(), object, meta.size));
 }
 
 Task<Status> GcsStorage::Remove(std::string name) {
   const std::string dir = Base() + name + "/";
-  CO_ASSIGN_OR_RETURN(gcs::ListResult listed, co_await client_->List(bucket(), dir, ""));
-  // The manifest first: from then on the checkpoint does not exist.
-  for (const gcs::ObjectMeta& o : listed.objects) {
-    if (o.name == dir + kManifest) CO_TRY(co_await client_->Delete(bucket(), o.name));
-  }
+  const std::string manifest = dir + kManifest;
+  // The manifest goes first: from then on the checkpoint does not exist. The
+  // listing of the rest runs meanwhile (one round trip instead of two); it
+  // may or may not still see the manifest, which is skipped either way.
+  Task<Status> unpublish = client_->Delete(bucket(), manifest);
+  Task<Result<gcs::ListResult>> listing = client_->List(bucket(), dir, "");
+  auto both = WhenAll(std::move(unpublish), std::move(listing));
+  auto [unpublished, listed] = co_await std::move(both);
+  CO_TRY(unpublished);
+  CO_TRY(listed.status());
   std::vector<Task<Status>> deletes;
-  for (const gcs::ObjectMeta& o : listed.objects) {
-    if (o.name != dir + kManifest) deletes.push_back(client_->Delete(bucket(), o.name));
+  for (const gcs::ObjectMeta& o : listed->objects) {
+    if (o.name != manifest) deletes.push_back(client_->Delete(bucket(), o.name));
   }
   std::vector<Status> results = co_await WhenAll(std::move(deletes));
   for (Status& s : results) CO_TRY(s);
@@ -157,7 +217,22 @@ Task<Status> GcsWriter::WriteFile(const FileImage* image) {
   source.progress = image->progress;
   const std::string object = storage_->Object(name_, image->name);
   uploaded_.push_back(object);
-  auto meta = co_await storage_->client().Upload(storage_->bucket(), object, &source);
+  Lane& lane = storage_->NextLane();
+  if (lane.thread == nullptr || image->crc_ready == nullptr) {
+    auto meta = co_await runtime::OnLoop(*lane.loop, lane.client->Upload(storage_->bucket(), object, &source));
+    co_return meta.status();
+  }
+  // On another loop, which must not touch this loop's CRC event: a twin of
+  // it on that loop is set once the CRC is ready here. The pipeline always
+  // sets the CRC event, failed upload or not, so the forward always ends.
+  runtime::AsyncEvent lane_crc_ready;
+  source.crc_ready = &lane_crc_ready;
+  Task<Result<gcs::ObjectMeta>> upload =
+      runtime::OnLoop(*lane.loop, lane.client->Upload(storage_->bucket(), object, &source));
+  Task<void> forward = ForwardEvent(image->crc_ready, lane.loop, &lane_crc_ready);
+  auto both = WhenAll(std::move(upload), std::move(forward));
+  auto [meta, forwarded] = co_await std::move(both);
+  (void)forwarded;
   co_return meta.status();
 }
 
@@ -207,17 +282,44 @@ Task<Result<std::unique_ptr<Storage>>> OpenGcsStorage(runtime::Loop& loop, std::
     }
   }
   http::HttpOptions ho;
-  ho.max_connections = options.connections;
   ho.http_version = options.http_version;
   ho.connect_timeout = options.timeouts.connect;
   ho.stall_timeout = options.timeouts.stall;
   ho.ca_file = options.ca_file;
-  CO_ASSIGN_OR_RETURN(std::unique_ptr<http::HttpClient> http, http::HttpClient::Create(loop, ho));
-  CO_ASSIGN_OR_RETURN(std::unique_ptr<gcs::AuthProvider> auth, gcs::MakeAuth(loop, *http, options, emulator));
-  auto client = std::make_unique<GcsClient>(loop, *http, *auth, endpoint, options);
+  // gcs.connections is the total: split among the lanes.
+  const int loops = std::max(1, options.loops);
+  ho.max_connections = std::max(1, (options.connections + loops - 1) / loops);
+  std::vector<std::unique_ptr<Lane>> lanes;
+  for (int i = 0; i < loops; ++i) {
+    auto lane = std::make_unique<Lane>();
+    if (i == 0) {
+      lane->loop = &loop;
+    } else {
+      CO_ASSIGN_OR_RETURN(lane->thread, runtime::LoopThread::Start({}, "ckptio-gcs-" + std::to_string(i)));
+      lane->loop = &lane->thread->loop();
+    }
+    auto make = [](Lane* lane, http::HttpOptions ho, Options::Gcs options, bool emulator,
+                   std::string endpoint) -> Task<Status> {
+      CO_ASSIGN_OR_RETURN(lane->http, http::HttpClient::Create(*lane->loop, ho));
+      CO_ASSIGN_OR_RETURN(lane->auth, gcs::MakeAuth(*lane->loop, *lane->http, options, emulator));
+      lane->client = std::make_unique<GcsClient>(*lane->loop, *lane->http, *lane->auth, endpoint, options);
+      co_return Status::Ok();
+    };
+    Task<Status> making = make(lane.get(), ho, options, emulator, endpoint);
+    Status made = co_await runtime::OnLoop(*lane->loop, std::move(making));
+    if (!made.ok()) {
+      if (lane->thread != nullptr) lane->thread->loop().BlockOn(DropClients(lane.get()));
+      // Lanes made so far are dropped by a GcsStorage that never was: do it here.
+      for (auto& made_lane : lanes) {
+        if (made_lane->thread != nullptr) made_lane->thread->loop().BlockOn(DropClients(made_lane.get()));
+      }
+      co_return made;
+    }
+    lanes.push_back(std::move(lane));
+  }
   std::string root = "gs://" + path.bucket + (path.prefix.empty() ? "" : "/" + path.prefix);
   co_return std::unique_ptr<Storage>(
-      new GcsStorage(std::move(root), std::move(path), std::move(http), std::move(auth), std::move(client)));
+      new GcsStorage(std::move(root), std::move(path), std::move(lanes)));
 }
 
 }  // namespace ckptio::storage

@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -234,6 +236,56 @@ TEST_CASE("a corrupted read on gs:// fails restore with the shard and tensor nam
   auto r = m->Restore(6);
   CHECK(r.status().code() == StatusCode::kCorruption);
   CHECK(r.status().message().find("shard-00000.safetensors: tensor \"layer0/w\"") != std::string::npos);
+}
+
+// Threads of this process whose name starts with `stem`.
+int ThreadsNamed(const std::string& stem) {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name.rfind(stem, 0) == 0) ++n;
+  }
+  return n;
+}
+
+TEST_CASE("with gcs.loops 4 uploads run on 3 more loop threads, survive a 503, restore bit-exact, and count every byte") {
+  Bucket b;
+  b.control->SetRules(Json::array({{{"method", "PUT"}, {"path", "upload_id="}, {"nth", 5}, {"status", 503}}}));
+  Options o = GcsOptions();
+  o.gcs.loops = 4;
+  o.gcs.connections = 4;  // one per loop
+  const std::string prefix = UniqueRoot("loops");
+  auto m = OpenOrDie("gs://" + b.name + "/" + prefix, o);
+  CHECK(ThreadsNamed("ckptio-gcs-") == 3);
+  auto state = testing::MakeState(11, 8, 500'000);  // 8 shards of ~4 MB
+  auto refs = testing::Refs(state);
+  auto h = m->Save(11, refs);
+  REQUIRE(h.ok());
+  Status s = h->Wait();
+  REQUIRE_MESSAGE(s.ok(), s.ToString());
+  CHECK(b.control->Fired() == 1);
+  // Progress adds up over the shards (each upload adds its own bytes).
+  auto listed = b.loop->Run(b.client->List(b.name, prefix + "/checkpoint_11/", ""));
+  REQUIRE(listed.ok());
+  uint64_t shard_bytes = 0;
+  int shards = 0;
+  for (const auto& obj : listed->objects) {
+    if (obj.name.find("manifest.json") != std::string::npos) continue;
+    shard_bytes += obj.size;
+    ++shards;
+  }
+  CHECK(shards >= 8);
+  CHECK(h->bytes_written() == shard_bytes);
+  // Reads spread over the loops too.
+  auto r = m->Restore(11);
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  CHECK(SameState(*r, state));
+  auto v = m->Verify(11);
+  CHECK_MESSAGE(v.ok(), v.status().ToString());
+  m.reset();
+  CHECK(ThreadsNamed("ckptio-gcs-") == 0);
 }
 
 TEST_CASE("a 1 GiB shard uploads in chunks and restores bit-exact") {

@@ -14,6 +14,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -208,6 +209,70 @@ TEST_CASE("many posts from several threads all run, none lost") {
   for (auto& t : posters) t.join();
   auto read_count = [](int* c) -> Task<int> { co_return *c; };
   CHECK(loop.BlockOn(read_count(&count)) == 40'000);
+}
+
+TEST_CASE("OnLoop runs a task on another loop's thread and resumes on the caller's loop") {
+  auto main_lt = LoopThread::Start();
+  auto other_lt = LoopThread::Start();
+  REQUIRE(main_lt.ok());
+  REQUIRE(other_lt.ok());
+  Loop& main_loop = (*main_lt)->loop();
+  Loop& other = (*other_lt)->loop();
+  const std::thread::id main_id = (*main_lt)->thread_id();
+  const std::thread::id other_id = (*other_lt)->thread_id();
+
+  struct Seen {
+    std::thread::id task_on, resumed_on, inline_on, void_on;
+    int value = 0;
+    std::string error;
+    int sleeps_done = 0;  // of the 64 at once: right value, on the other loop
+  };
+  auto on_other = [](std::thread::id* where, int x) -> Task<int> {
+    *where = std::this_thread::get_id();
+    // Real I/O on the other loop's ring, not just a hop.
+    Status slept = co_await Loop::Current()->Sleep(std::chrono::milliseconds(1));
+    CHECK(slept.ok());
+    co_return x * 2;
+  };
+  auto throws = []() -> Task<int> {
+    throw std::runtime_error("thrown on the other loop");
+    co_return 0;
+  };
+  auto void_task = [](std::thread::id* where) -> Task<void> {
+    *where = std::this_thread::get_id();
+    co_return;
+  };
+  auto scenario = [&](Seen* seen) -> Task<void> {
+    seen->value = co_await OnLoop(other, on_other(&seen->task_on, 21));
+    seen->resumed_on = std::this_thread::get_id();
+    try {
+      int unused = co_await OnLoop(other, throws());
+      (void)unused;
+    } catch (const std::runtime_error& e) {
+      seen->error = e.what();
+    }
+    co_await OnLoop(other, void_task(&seen->void_on));
+    // The same loop: runs inline, no hop.
+    int same = co_await OnLoop(main_loop, on_other(&seen->inline_on, 1));
+    CHECK(same == 2);
+    // Many at once, all on the other loop.
+    std::vector<Task<int>> many;
+    std::vector<std::thread::id> where(64);
+    for (int i = 0; i < 64; ++i) many.push_back(OnLoop(other, on_other(&where[i], i)));
+    std::vector<int> got = co_await WhenAll(std::move(many));
+    for (int i = 0; i < 64; ++i) {
+      if (got[i] == 2 * i && where[i] == other_id) ++seen->sleeps_done;
+    }
+  };
+  Seen seen;
+  main_loop.BlockOn(scenario(&seen));
+  CHECK(seen.value == 42);
+  CHECK(seen.task_on == other_id);
+  CHECK(seen.resumed_on == main_id);
+  CHECK(seen.error == "thrown on the other loop");
+  CHECK(seen.void_on == other_id);
+  CHECK(seen.inline_on == main_id);
+  CHECK(seen.sleeps_done == 64);
 }
 
 TEST_CASE("an urgent job goes first and loses none of the jobs queued behind it") {
