@@ -1,12 +1,14 @@
 // ckptio bench seed [--state-size 1GiB] [--saves 20] [--compute 2s]
 //                   [--dest DIR|gs://bucket/prefix] [--keep 3]
-//                   [--modes blocking,naive,ckptio] [--out bench/results]
+//                   [--modes blocking,naive,ckptio,ckptio-borrow]
+//                   [--out bench/results]
 //
 // The experiment that started the project, reproduced at this machine's
 // scale (see seed_experiment.h): prints the original report's table and
 // writes it to OUT/seed_<backend>.md, the ckptio run's timeline as Chrome
-// trace-event JSON (OUT/seed_<backend>_trace.json; the blocking run's next
-// to it) and an SVG of all runs on one time scale
+// trace-event JSON (OUT/seed_<backend>_trace.json; the blocking and
+// ckptio-borrow runs' next to it: _blocking_trace.json, _borrow_trace.json)
+// and an SVG of all runs on one time scale
 // (OUT/seed_<backend>_timeline.svg).
 
 #include <sys/stat.h>
@@ -18,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -29,6 +32,8 @@
 #include "cli/seed_trace.h"
 #include "cli/svg_timeline.h"
 #include "cli/trainer_sim.h"
+#include "format/dtype.h"
+#include "format/safetensors.h"
 
 namespace ckptio::cli {
 namespace {
@@ -39,6 +44,8 @@ using std::chrono::nanoseconds;
 // the tensor bytes: two saves' staging must fit with them, or the second
 // waits for the first (backpressure) whenever a write outlasts the compute.
 constexpr uint64_t kStagingSlack = uint64_t{16} << 20;
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kBlock = 4096;  // the staging pool's alignment (O_DIRECT blocks)
 
 Result<std::vector<SeedMode>> ParseModes(const std::string& text) {
   std::vector<SeedMode> modes;
@@ -50,12 +57,31 @@ Result<std::vector<SeedMode>> ParseModes(const std::string& text) {
       modes.push_back(SeedMode::kNaive);
     } else if (word == "ckptio") {
       modes.push_back(SeedMode::kCkptio);
+    } else if (word == "ckptio-borrow") {
+      modes.push_back(SeedMode::kCkptioBorrow);
     } else {
-      return InvalidArgumentError("bench seed: --modes takes blocking, naive and ckptio, got \"" + word + "\"");
+      return InvalidArgumentError("bench seed: --modes takes blocking, naive, ckptio and ckptio-borrow, got \"" +
+                                  word + "\"");
     }
   }
   if (modes.empty()) return InvalidArgumentError("bench seed: --modes is empty");
   return modes;
+}
+
+// A borrowing save stages only its shards' headers (each padded to a block):
+// staging for max_in_flight of them, from the state's own shard plan, in
+// whole MiB (the config's unit and minimum).
+Result<uint64_t> BorrowStagingMemory(const DemoState& state, const Options& o) {
+  std::vector<format::TensorSpec> specs;
+  for (const TensorRef& t : state.tensors()) {
+    ASSIGN_OR_RETURN(uint64_t bytes, format::TensorBytes(t.dtype, t.shape));
+    specs.push_back({t.name, t.dtype, t.shape, bytes});
+  }
+  ASSIGN_OR_RETURN(std::vector<format::PlannedShard> shards, format::PlanShards(specs, o.shard_size, kBlock));
+  uint64_t per_save = 0;
+  for (const format::PlannedShard& s : shards) per_save += (s.prefix.size() + kBlock - 1) / kBlock * kBlock;
+  const uint64_t bytes = per_save * static_cast<uint64_t>(std::max(1, o.max_in_flight));
+  return std::max<uint64_t>(kMiB, (bytes + kMiB - 1) / kMiB * kMiB);
 }
 
 // Knobs the flags leave open, chosen for the experiment unless the config
@@ -129,8 +155,19 @@ std::string OutPath(const SeedConfig& c, const std::string& suffix) {
   return c.out_dir + "/seed_" + c.backend() + suffix;
 }
 
-// The trace JSON and the SVG: one panel per mode, on one time scale.
-Status WriteTimelines(const SeedConfig& c, const std::vector<ModeResult>& results, const SeedEnvironment& env) {
+// The merged Chrome trace of a manager's run, after OUT/seed_<backend>.
+const char* TraceSuffix(SeedMode mode) {
+  switch (mode) {
+    case SeedMode::kCkptio: return "_trace.json";
+    case SeedMode::kCkptioBorrow: return "_borrow_trace.json";
+    default: return "_blocking_trace.json";
+  }
+}
+
+// The trace JSON and the SVG: one panel per mode, on one time scale. The
+// manager runs' panels also go to `panels`.
+Status WriteTimelines(const SeedConfig& c, const std::vector<ModeResult>& results, const SeedEnvironment& env,
+                      std::map<SeedMode, TimelinePanel>* panels) {
   TimelineChart chart;
   chart.title = "ckptio bench seed: the original experiment on " + std::string(c.gcs() ? "GCS (emulator)" : "local disk");
   chart.subtitle.push_back(HumanBytes(env.state_bytes) + " state, " + std::to_string(c.saves) + " saves, " +
@@ -142,29 +179,54 @@ Status WriteTimelines(const SeedConfig& c, const std::vector<ModeResult>& result
       continue;
     }
     if (r.trace_path.empty()) continue;
-    const std::string out = OutPath(c, r.mode == SeedMode::kCkptio ? "_trace.json" : "_blocking_trace.json");
+    const std::string out = OutPath(c, TraceSuffix(r.mode));
     auto panel = MergeManagerTrace(r, out);
     std::remove(r.trace_path.c_str());
     RETURN_IF_ERROR(panel.status());
+    (*panels)[r.mode] = *panel;
     chart.panels.push_back(std::move(*panel));
   }
   chart.legend = SeedLegend(chart.panels);
   return WriteFile(OutPath(c, "_timeline.svg"), RenderTimelineSvg(chart));
 }
 
-std::string Markdown(const SeedConfig& c, const std::vector<ModeResult>& results, const SeedEnvironment& env) {
+std::string Markdown(const SeedConfig& c, const std::vector<ModeResult>& results, const SeedEnvironment& env,
+                     const std::map<SeedMode, TimelinePanel>& panels) {
   std::string md = "# The original experiment, reproduced: " + std::string(c.gcs() ? "GCS (emulator)" : "local disk") +
                    "\n\n" + SeedTable(results) + "\n" + SeedNotes(c, results, env);
   for (const ModeResult& r : results) {
     if (r.mode == SeedMode::kNaive) md += "\n## naive: each thread, and its checkpoint at the end\n\n" + NaiveStepTable(r);
   }
-  md += "\nTimeline: seed_" + c.backend() + "_timeline.svg; Chrome trace (Perfetto, chrome://tracing): seed_" +
-        c.backend() + "_trace.json (ckptio), seed_" + c.backend() + "_blocking_trace.json (blocking).\n";
+  for (const ModeResult& r : results) {
+    auto panel = panels.find(r.mode);
+    if (!IsCkptioMode(r.mode) || panel == panels.end()) continue;
+    const std::string table = FinalWaitTable(r, panel->second, SeedStep(c.saves));
+    if (table.empty()) continue;
+    md += "\n## " + std::string(SeedModeName(r.mode)) +
+          ": what the final wait waited for (from its trace; times from the start of WaitUntilFinished)\n\n" + table;
+  }
+  md += "\nTimeline: seed_" + c.backend() + "_timeline.svg; Chrome traces (Perfetto, chrome://tracing):";
+  const char* sep = " ";
+  for (const ModeResult& r : results) {
+    if (r.mode == SeedMode::kNaive) continue;
+    md += sep + ("seed_" + c.backend() + TraceSuffix(r.mode)) + " (" + SeedModeName(r.mode) + ")";
+    sep = ", ";
+  }
+  md += ".\n";
   return md;
 }
 
-Status RunSeed(const SeedConfig& c, const std::string& command) {
+// ckptio-borrow's JAX-like trainer gets a double-buffered state of its own,
+// held only for its run; the other modes share `state`, which carries on.
+Result<ModeResult> RunMode(const SeedConfig& c, SeedMode mode, DemoState* state, const std::string& raw_trace) {
+  if (mode != SeedMode::kCkptioBorrow) return RunSeedMode(c, mode, state, raw_trace);
+  ASSIGN_OR_RETURN(DemoState two_sets, DemoState::Create(c.state_size, 2));
+  return RunSeedMode(c, mode, &two_sets, raw_trace);
+}
+
+Status RunSeed(SeedConfig c, const std::string& command) {
   ASSIGN_OR_RETURN(DemoState state, DemoState::Create(c.state_size));
+  ASSIGN_OR_RETURN(c.borrow_staging_memory, BorrowStagingMemory(state, c.options));
   SeedEnvironment env{UtcNow(), static_cast<int>(std::thread::hardware_concurrency()), LoadAverage(), "",
                       state.bytes(), state.tensors().size(), state.DTypeSummary(), command};
   env.copy_threads = std::max(1u, std::thread::hardware_concurrency());
@@ -182,15 +244,19 @@ Status RunSeed(const SeedConfig& c, const std::string& command) {
     std::printf("%s saves into %s ...\n", SeedModeName(mode), c.ModeRoot(mode).c_str());
     std::fflush(stdout);
     const std::string raw = mode == SeedMode::kNaive ? "" : OutPath(c, std::string(".") + SeedModeName(mode) + ".raw.json");
-    auto r = RunSeedMode(c, mode, &state, raw);
+    auto r = RunMode(c, mode, &state, raw);
     if (!r.ok()) return r.status().WithContext(std::string(SeedModeName(mode)) + " run");
     results.push_back(std::move(*r));
   }
   env.load_after = LoadAverage();
-  const std::string md = Markdown(c, results, env);
+  // The timelines first: the report reads the final waits off their panels
+  // (and is written even if they fail).
+  std::map<SeedMode, TimelinePanel> panels;
+  const Status timelines = WriteTimelines(c, results, env, &panels);
+  const std::string md = Markdown(c, results, env, panels);
   std::printf("\n%s\n", md.c_str());
   RETURN_IF_ERROR(WriteFile(OutPath(c, ".md"), md));
-  RETURN_IF_ERROR(WriteTimelines(c, results, env));
+  RETURN_IF_ERROR(timelines);
   std::printf("wrote %s, %s\n", OutPath(c, ".md").c_str(), OutPath(c, "_timeline.svg").c_str());
   for (const ModeResult& r : results) {
     if (!r.error.empty() && r.mode != SeedMode::kNaive) {
@@ -212,10 +278,12 @@ int RunBench(CommandArgs argv) {
   ArgParser parser("bench", "seed",
                    "Benchmarks. `seed`: the experiment that started ckptio, at this machine's scale: a trainer\n"
                    "with a --state-size state computes --compute, then saves, --saves times, keeping --keep,\n"
-                   "with blocking saves, a naive thread per save, and ckptio. Prints the original report's\n"
-                   "table (total, blocked, overhead vs pure compute, speedup) and what each mode got wrong;\n"
-                   "writes OUT/seed_<local|gcs>.md, a Chrome trace of the ckptio run (_trace.json) and an SVG\n"
-                   "timeline of all runs (_timeline.svg).");
+                   "with blocking saves, a naive thread per save, ckptio (copy snapshot) and ckptio-borrow\n"
+                   "(a JAX-like double-buffered trainer whose saves borrow the state: no copy). Prints the\n"
+                   "original report's table (total, blocked, overhead vs pure compute, speedup) and what each\n"
+                   "mode got wrong; writes OUT/seed_<local|gcs>.md, Chrome traces of the manager runs\n"
+                   "(_trace.json, _blocking_trace.json, _borrow_trace.json) and an SVG timeline of all runs\n"
+                   "(_timeline.svg).");
   parser.Positional("BENCH", "the benchmark: seed")
       .Flag("state-size", "SIZE", "bytes of trainer state, e.g. 256MiB (default 1GiB)")
       .Flag("saves", "N", "saves per mode (default 20)")
@@ -223,7 +291,7 @@ int RunBench(CommandArgs argv) {
       .Flag("dest", "DIR|gs://BUCKET/PREFIX", "where the runs write, each under DEST/<mode> (default ./ckptio-seed)")
       .Flag("dir", "DIR", "the same as --dest (the name `ckptio demo` uses)")
       .Flag("keep", "K", "checkpoints to keep (default 3)")
-      .Flag("modes", "LIST", "comma-separated: blocking,naive,ckptio (default all three)")
+      .Flag("modes", "LIST", "comma-separated: blocking,naive,ckptio,ckptio-borrow (default all four)")
       .Flag("out", "DIR", "where the report, trace and SVG go (default bench/results)")
       .Flag("note", "TEXT", "a line for the report's notes (how the run was set up)")
       .Switch("no-audit", "skip the per-save CRC32C of the state and the bit-exact check of what was kept")

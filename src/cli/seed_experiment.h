@@ -12,6 +12,13 @@
 //             original did; joined at the end.
 //   ckptio    Save() returns after the snapshot; WaitUntilFinished() at the
 //             end, inside the total.
+//   ckptio-borrow
+//             a JAX-like trainer: a step writes a new state and never
+//             mutates the old one. The state is double-buffered
+//             (DemoState with two sets); Save() borrows the set the last
+//             compute wrote (snapshot "borrow": no copy, staging holds only
+//             the shard headers), and the trainer waits for that save before
+//             the compute after next overwrites the set (counted as blocked).
 //
 // Every mode is then audited against the state as of each save (per-tensor
 // CRC32C taken on the trainer thread right before the save, outside the
@@ -36,8 +43,10 @@ namespace ckptio::cli {
 
 class DemoState;
 
-enum class SeedMode { kBlocking, kNaive, kCkptio };
+enum class SeedMode { kBlocking, kNaive, kCkptio, kCkptioBorrow };
 const char* SeedModeName(SeedMode mode);
+// The modes that run a CheckpointManager without waiting for each save.
+bool IsCkptioMode(SeedMode mode);
 
 struct SeedConfig {
   uint64_t state_size = uint64_t{1} << 30;
@@ -46,13 +55,16 @@ struct SeedConfig {
   // A directory or gs://bucket/prefix; mode M writes under DEST/M.
   std::string dest = "./ckptio-seed";
   int keep = 3;
-  std::vector<SeedMode> modes = {SeedMode::kBlocking, SeedMode::kNaive, SeedMode::kCkptio};
+  std::vector<SeedMode> modes = {SeedMode::kBlocking, SeedMode::kNaive, SeedMode::kCkptio, SeedMode::kCkptioBorrow};
   std::string out_dir = "bench/results";
   bool audit = true;    // per-save CRC32C of the state, checked against what was kept
   bool cleanup = false;  // delete each mode's checkpoints once audited
   // Free text for the report: how the run was set up (the proxy's shaping...).
   std::string note;
   Options options;  // the manager's (blocking and ckptio modes), keep included
+  // staging_memory of the ckptio-borrow run: it stages only shard headers
+  // (cmd_bench.cc sizes it from the shard plan).
+  uint64_t borrow_staging_memory = uint64_t{1} << 20;
 
   bool gcs() const { return dest.rfind("gs://", 0) == 0; }
   // "gcs" or "local": names the output files.
@@ -110,7 +122,9 @@ struct ModeResult {
   double total = 0;        // wall time of the run, final wait included, audit pauses excluded
   double compute = 0;      // wall time in Compute()
   double compute_cpu = 0;  // the trainer thread's CPU time in Compute()
-  double blocked = 0;      // sum over saves of the time the save call held the trainer
+  double blocked = 0;      // sum over saves of the time the save calls held the trainer, borrow_wait included
+  double borrow_wait = 0;  // ckptio-borrow: waiting for the save that borrowed the set the next compute writes
+  int borrow_waits = 0;    // how many of those waits found the save still running
   double final_wait = 0;   // WaitUntilFinished / join at the end
   double audit_paused = 0;  // time of the per-save CRC32C, left out of total
   double wall = 0;         // raw wall time of the run, audit pauses included (timelines)
@@ -123,6 +137,8 @@ struct ModeResult {
   std::vector<NaiveThreadSummary> threads;  // naive mode
   std::vector<TimedSpan> spans;  // the bench's own: compute, saves, naive threads
   std::string trace_path;        // the manager's Chrome trace (blocking, ckptio), "" if none
+  uint64_t state_memory = 0;     // bytes of trainer state (2 sets in ckptio-borrow)
+  uint64_t staging_memory = 0;   // the manager's staging_memory (0: naive)
   std::string error;             // the run failed; the rest is partial
 };
 
@@ -132,6 +148,13 @@ class SeedSaver {
  public:
   virtual ~SeedSaver() = default;
   virtual Status Save(int64_t step, std::span<const TensorRef> tensors) = 0;
+  // Blocks until no save of this mode still reads `tensors` (the buffers the
+  // next compute is about to overwrite); returns whether it had to wait.
+  // Only a borrowing mode ever waits: the others copy, or (naive) race.
+  virtual Result<bool> ReleaseBuffers(std::span<const TensorRef> tensors) {
+    (void)tensors;
+    return false;
+  }
   // Blocks until every save has ended (timed as the final wait).
   virtual Status Finish() = 0;
   // After Finish: fills bytes, persisting, max_in_flight, naive errors and
@@ -161,9 +184,10 @@ Status CleanupManagerRoot(const SeedConfig& config, SeedMode mode);
 Status CleanupNaiveRoot(const SeedConfig& config);
 
 // Runs one mode on `state` (which carries on from where the previous mode
-// left it): opens and warms it up, runs the timed trainer loop, audits what
-// it left and (--cleanup) deletes it. The manager's trace goes to
-// `trace_path` (blocking, ckptio). An error of the run itself is in
+// left it; ckptio-borrow needs a state of two sets): opens and warms it up,
+// runs the timed trainer loop, audits what it left and (--cleanup) deletes
+// it. The manager's trace goes to `trace_path` (every mode but naive). An
+// error of the run itself is in
 // ModeResult::error; a failure to even start is the error result.
 Result<ModeResult> RunSeedMode(const SeedConfig& config, SeedMode mode, DemoState* state,
                                const std::string& trace_path);

@@ -1,6 +1,7 @@
-// The blocking and ckptio modes of `ckptio bench seed` (both a
-// CheckpointManager; they differ in whether the trainer waits for the
-// commit), and the audit of what a manager left behind.
+// The blocking, ckptio and ckptio-borrow modes of `ckptio bench seed` (each
+// a CheckpointManager; they differ in whether the trainer waits for the
+// commit, and in whether the snapshot copies or borrows the trainer's
+// buffers), and the audit of what a manager left behind.
 
 #include <unistd.h>
 
@@ -19,23 +20,40 @@ namespace {
 
 class ManagerSaver final : public SeedSaver {
  public:
-  ManagerSaver(std::unique_ptr<CheckpointManager> manager, SeedMode mode, std::string trace_path)
-      : manager_(std::move(manager)), mode_(mode), trace_path_(std::move(trace_path)) {}
+  ManagerSaver(std::unique_ptr<CheckpointManager> manager, SeedMode mode, std::string trace_path,
+               uint64_t staging_memory)
+      : manager_(std::move(manager)), mode_(mode), trace_path_(std::move(trace_path)),
+        staging_memory_(staging_memory) {}
 
   Status Save(int64_t step, std::span<const TensorRef> tensors) override {
     const Clock::time_point s0 = Clock::now();
     const std::string metadata = std::string("{\"seed\":\"") + SeedModeName(mode_) + "\"}";
     ASSIGN_OR_RETURN(SaveHandle h, manager_->Save(step, tensors, metadata));
     if (mode_ == SeedMode::kBlocking && !h.skipped()) RETURN_IF_ERROR(h.Wait());
-    saves_.emplace_back(s0, std::move(h));
+    saves_.push_back({s0, std::move(h), tensors.empty() ? nullptr : tensors.front().data});
     return Status::Ok();
+  }
+
+  // In borrow mode a save reads the trainer's buffers until it ends: wait
+  // for every save that borrowed the set starting at `tensors`' first tensor.
+  Result<bool> ReleaseBuffers(std::span<const TensorRef> tensors) override {
+    if (mode_ != SeedMode::kCkptioBorrow || tensors.empty()) return false;
+    bool waited = false;
+    for (const Saved& s : saves_) {
+      if (s.borrowed != tensors.front().data || s.handle.skipped() || s.handle.done()) continue;
+      waited = true;
+      Status st = s.handle.Wait();
+      if (!st.ok()) return std::move(st).WithContext("waiting for the save that borrowed the buffers");
+    }
+    return waited;
   }
 
   Status Finish() override { return manager_->WaitUntilFinished(); }
 
   void Collect(Clock::time_point start, ModeResult* r) override {
     std::vector<std::pair<double, double>> intervals;
-    for (const auto& [begin, handle] : saves_) {
+    r->staging_memory = staging_memory_;
+    for (const auto& [begin, handle, borrowed] : saves_) {
       if (handle.skipped() || !handle.status().has_value() || !handle.status()->ok()) continue;
       const SaveTimings t = handle.timings();
       const double s = std::chrono::duration<double>(begin - start).count();
@@ -63,16 +81,30 @@ class ManagerSaver final : public SeedSaver {
     return best;
   }
 
+  struct Saved {
+    Clock::time_point begin;
+    SaveHandle handle;
+    const void* borrowed;  // the first tensor's buffer: which set it read
+  };
+
   std::unique_ptr<CheckpointManager> manager_;
   SeedMode mode_;
   std::string trace_path_;
-  std::vector<std::pair<Clock::time_point, SaveHandle>> saves_;
+  uint64_t staging_memory_;
+  std::vector<Saved> saves_;
 };
 
-Options ManagerOptions(const SeedConfig& config, const std::string& trace_path) {
+Options ManagerOptions(const SeedConfig& config, SeedMode mode, const std::string& trace_path) {
   Options o = config.options;
   o.keep = config.keep;
-  o.snapshot = SnapshotMode::kCopy;  // the trainer mutates its state right after Save()
+  if (mode == SeedMode::kCkptioBorrow) {
+    // The trainer leaves the saved set alone until the save has ended
+    // (ReleaseBuffers), so the save may read it in place.
+    o.snapshot = SnapshotMode::kBorrow;
+    o.staging_memory = config.borrow_staging_memory;
+  } else {
+    o.snapshot = SnapshotMode::kCopy;  // the trainer mutates its state right after Save()
+  }
   o.trace.path = trace_path;
   return o;
 }
@@ -102,9 +134,12 @@ const char* SeedModeName(SeedMode mode) {
     case SeedMode::kBlocking: return "blocking";
     case SeedMode::kNaive: return "naive";
     case SeedMode::kCkptio: return "ckptio";
+    case SeedMode::kCkptioBorrow: return "ckptio-borrow";
   }
   return "?";
 }
+
+bool IsCkptioMode(SeedMode mode) { return mode == SeedMode::kCkptio || mode == SeedMode::kCkptioBorrow; }
 
 std::string SeedConfig::ModeRoot(SeedMode mode) const {
   std::string root = dest;
@@ -121,11 +156,12 @@ bool ExpectedKept(const SeedConfig& config, int64_t step) {
 Result<std::unique_ptr<SeedSaver>> MakeManagerSaver(const SeedConfig& config, SeedMode mode,
                                                     std::span<const TensorRef> tensors, const std::string& trace_path) {
   const std::string root = config.ModeRoot(mode);
-  ASSIGN_OR_RETURN(auto manager, CheckpointManager::Open(root, ManagerOptions(config, trace_path)));
+  const Options options = ManagerOptions(config, mode, trace_path);
+  ASSIGN_OR_RETURN(auto manager, CheckpointManager::Open(root, options));
   ASSIGN_OR_RETURN(size_t cleared, ClearCheckpoints(*manager));
   if (cleared > 0) std::printf("  (removed %zu checkpoints of an earlier run from %s)\n", cleared, root.c_str());
   RETURN_IF_ERROR(WarmUp(*manager, tensors));
-  return std::unique_ptr<SeedSaver>(new ManagerSaver(std::move(manager), mode, trace_path));
+  return std::unique_ptr<SeedSaver>(new ManagerSaver(std::move(manager), mode, trace_path, options.staging_memory));
 }
 
 // Reads back every checkpoint the run left (through a read-only manager, so

@@ -19,7 +19,23 @@ double Since(Clock::time_point start, Clock::time_point t) { return std::chrono:
 void TrainerLoop(const SeedConfig& config, SeedSaver& saver, DemoState* state, ExpectedCrcs* expected,
                  ModeResult* r) {
   const Clock::time_point start = Clock::now();
+  r->state_memory = state->bytes() * static_cast<uint64_t>(state->sets());
   for (int i = 1; i <= config.saves && r->error.empty(); ++i) {
+    // A borrowing save still reading the set this compute overwrites holds
+    // the trainer here: that wait is part of what the saves cost it.
+    const Clock::time_point b0 = Clock::now();
+    Result<bool> waited = saver.ReleaseBuffers(state->next_tensors());
+    const Clock::time_point b1 = Clock::now();
+    if (!waited.ok()) {
+      r->error = "before compute " + std::to_string(i) + ": " + waited.status().message();
+      break;
+    }
+    if (*waited) {
+      r->borrow_wait += Since(b0, b1);
+      r->blocked += Since(b0, b1);
+      ++r->borrow_waits;
+      r->spans.push_back({kBorrowWaitTrack, "wait for a borrowed set", Since(start, b0), Since(start, b1), ""});
+    }
     const Clock::time_point c0 = Clock::now();
     const ComputeTiming ct = TimedCompute(*state, config.compute);
     r->compute += ct.wall;
@@ -57,6 +73,9 @@ Result<ModeResult> RunSeedMode(const SeedConfig& config, SeedMode mode, DemoStat
                                const std::string& trace_path) {
   ModeResult r;
   r.mode = mode;
+  if (mode == SeedMode::kCkptioBorrow && state->sets() < 2) {
+    return InvalidArgumentError("bench seed: the ckptio-borrow run needs a double-buffered state (2 sets)");
+  }
   std::unique_ptr<SeedSaver> saver;
   if (mode == SeedMode::kNaive) {
     ASSIGN_OR_RETURN(saver, MakeNaiveSaver(config, state->tensors()));

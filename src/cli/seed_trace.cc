@@ -19,6 +19,7 @@ using nlohmann::json;
 // Our tids, clear of the manager's (runtime::Track is 1..8).
 constexpr int kComputeTid = 100;
 constexpr int kSavesTid = 101;
+constexpr int kBorrowWaitTid = 102;
 
 struct TrackStyle {
   const char* name;
@@ -28,6 +29,7 @@ struct TrackStyle {
 constexpr TrackStyle kStyles[] = {
     {kComputeTrack, "#43a047"},
     {"trainer (Save blocked)", "#e53935"},
+    {kBorrowWaitTrack, "#e53935"},
     {"trainer (thread spawn)", "#e53935"},
     {"snapshot", "#fb8c00"},
     {"write / upload", "#1e88e5"},
@@ -94,10 +96,14 @@ void AddThread(json* events, int tid, const std::string& name) {
 void AddOurSpans(json* events, const ModeResult& r, int64_t offset) {
   AddThread(events, kComputeTid, kComputeTrack);
   AddThread(events, kSavesTid, kSavesTrack);
+  const bool waits = std::any_of(r.spans.begin(), r.spans.end(),
+                                 [](const TimedSpan& s) { return s.track == kBorrowWaitTrack; });
+  if (waits) AddThread(events, kBorrowWaitTid, kBorrowWaitTrack);
   for (const TimedSpan& s : r.spans) {
     int tid = 0;
     if (s.track == kComputeTrack) tid = kComputeTid;
     if (s.track == kSavesTrack) tid = kSavesTid;
+    if (s.track == kBorrowWaitTrack) tid = kBorrowWaitTid;
     if (tid == 0) continue;  // save calls: the manager's own trainer track has them
     events->push_back({{"ph", "X"}, {"pid", 1}, {"tid", tid}, {"name", s.name},
                        {"ts", Micros(s.start) + offset}, {"dur", std::max<int64_t>(0, Micros(s.end - s.start))}});
@@ -192,6 +198,36 @@ Result<TimelinePanel> MergeManagerTrace(const ModeResult& result, const std::str
   } catch (const json::exception& e) {
     return CorruptionError("cannot read the manager's trace " + result.trace_path + ": " + e.what());
   }
+}
+
+std::string FinalWaitTable(const ModeResult& r, const TimelinePanel& panel, int64_t last_step) {
+  const double w0 = r.wall - r.final_wait;  // the panel's clock: the run's, audit pauses included
+  const std::string step = std::to_string(last_step);
+  const std::string of_step = "(step " + step + ")";
+  std::vector<const TimelineSpan*> rows;
+  double commit_start = -1;
+  for (const TimelineSpan& s : panel.spans) {
+    const bool mine = s.name == "snapshot " + step || s.name == "CRC32C " + step || s.name == "commit " + step ||
+                      (s.track == "write / upload" && s.name.size() >= of_step.size() &&
+                       s.name.compare(s.name.size() - of_step.size(), of_step.size(), of_step) == 0);
+    if (mine) rows.push_back(&s);
+    if (s.name == "commit " + step) commit_start = s.start;
+  }
+  if (rows.empty() || r.final_wait <= 0) return "";
+  // The prune after the last commit: what WaitUntilFinished also waits for.
+  for (const TimelineSpan& s : panel.spans) {
+    if (s.track == "prune" && commit_start >= 0 && s.start >= commit_start) rows.push_back(&s);
+  }
+  std::sort(rows.begin(), rows.end(), [](const TimelineSpan* a, const TimelineSpan* b) { return a->start < b->start; });
+  char line[256];
+  std::string out = "| stage of the last save | track | starts | ends | takes |\n|---|---|---:|---:|---:|\n";
+  for (const TimelineSpan* s : rows) {
+    std::snprintf(line, sizeof line, "| %s | %s | %+.3f s | %+.3f s | %.3f s |\n", s->name.c_str(), s->track.c_str(),
+                  s->start - w0, s->end - w0, s->end - s->start);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "| WaitUntilFinished returns | | | %+.3f s | |\n", r.final_wait);
+  return out + line;
 }
 
 TimelinePanel NaivePanel(const ModeResult& r) {

@@ -18,6 +18,7 @@ namespace ckptio::cli {
 // Tracks of the bench's own spans (ModeResult::spans).
 inline constexpr char kComputeTrack[] = "trainer: compute";
 inline constexpr char kSaveCallTrack[] = "trainer: save call";
+inline constexpr char kBorrowWaitTrack[] = "trainer: wait for a borrowed set";
 inline constexpr char kSavesTrack[] = "saves in flight";
 inline constexpr char kAuditSpanName[] = "audit CRC32C (untimed)";
 inline constexpr char kAuditColor[] = "#bdbdbd";
@@ -27,6 +28,13 @@ inline constexpr char kAuditColor[] = "#bdbdbd";
 // writes it all to `out_path` (Chrome trace-event JSON), and returns it as a
 // panel in seconds since the run started.
 Result<TimelinePanel> MergeManagerTrace(const ModeResult& result, const std::string& out_path);
+
+// What the final wait of a manager's run (WaitUntilFinished after the last
+// compute) waited for, from its panel: each stage of the last save (every
+// shard's write or upload, CRC32C, commit) and the prune after it, as a
+// markdown table of times relative to the start of the final wait. "" if
+// the run has no final wait or its last save has no spans.
+std::string FinalWaitTable(const ModeResult& result, const TimelinePanel& panel, int64_t last_step);
 
 // The naive run's panel: the trainer, and its threads' writes and prunes.
 TimelinePanel NaivePanel(const ModeResult& result);
