@@ -725,7 +725,7 @@ int main(int argc, char** argv) {
   const Bench b{args, **loop_or, sink, buf.get(), size};
   std::string command = "upload_bench";
   for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
-  std::printf("## Upload benchmark: ckptio GcsClient::Upload vs curl -T\n\n`%s`\n\n%s; %s; nice %d\n",
+  std::printf("## Upload benchmark: ckptio (GcsStorage) vs curl -T\n\n`%s`\n\n%s; %s; nice %d\n",
               command.c_str(), MachineLine().c_str(), CurlVersion(args.curl).c_str(), getpriority(PRIO_PROCESS, 0));
   std::printf("%.2f GiB per upload, median of %d rounds; sink: bench/http_sink (separate process, %s); "
               "load average at start %s\n\n",
