@@ -23,6 +23,17 @@ using Clock = std::chrono::steady_clock;
 
 inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// The value of the flag at argv[*i] (advancing *i past it), for a command
+// line parsed flag by flag; exits naming `program` and the flag if the
+// command line ends first.
+inline std::string FlagValue(const char* program, int argc, char** argv, int* i) {
+  if (*i + 1 >= argc) {
+    std::fprintf(stderr, "%s: %s needs a value\n", program, argv[*i]);
+    std::exit(1);
+  }
+  return argv[++*i];
+}
+
 // CPU time (user + system) consumed by the whole process so far, in seconds:
 // includes io_uring's io-wq workers, which run as threads of this process.
 inline double ProcessCpuSeconds() {

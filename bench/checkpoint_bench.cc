@@ -39,10 +39,7 @@ Args ParseArgs(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) std::exit(1);
-      return argv[++i];
-    };
+    auto next = [&] { return FlagValue("checkpoint_bench", argc, argv, &i); };
     if (s == "--dir") {
       a.dir = next();
     } else if (s == "--sizes-gib") {

@@ -39,13 +39,7 @@ Args ParseArgs(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", s.c_str());
-        std::exit(1);
-      }
-      return argv[++i];
-    };
+    auto next = [&] { return FlagValue("runtime_bench", argc, argv, &i); };
     if (s == "--dir") a.dir = next();
     else if (s == "--size-mib") a.size_mib = std::stoul(next());
     else if (s == "--rounds") a.rounds = std::stoi(next());

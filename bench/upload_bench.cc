@@ -120,13 +120,7 @@ Args ParseArgs(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "upload_bench: %s needs a value\n", s.c_str());
-        std::exit(1);
-      }
-      return argv[++i];
-    };
+    auto next = [&] { return FlagValue("upload_bench", argc, argv, &i); };
     auto count = [&](double min) { return static_cast<int>(Number(s, next(), min)); };
     if (s == "--size-gib") a.size_gib = Number(s, next(), 1.0 / 64);
     else if (s == "--quick") a.size_gib = 0.25, a.rounds = 1;

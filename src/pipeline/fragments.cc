@@ -26,13 +26,16 @@ PollBackoff::PollBackoff(int process_count, std::chrono::milliseconds first)
                                                std::chrono::milliseconds(2 * int64_t{process_count}))),
       rng_(static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) | 1) {}
 
-std::chrono::milliseconds PollBackoff::Next() {
+std::chrono::milliseconds PollBackoff::Next(std::chrono::steady_clock::time_point deadline) {
   rng_ ^= rng_ << 13;  // xorshift64: jitter needs no quality
   rng_ ^= rng_ >> 7;
   rng_ ^= rng_ << 17;
   const int64_t base = next_.count();
   next_ = std::min(cap_, next_ * 2);
-  return std::chrono::milliseconds(base * 3 / 4 + static_cast<int64_t>(rng_ % static_cast<uint64_t>(base / 2 + 1)));
+  const std::chrono::milliseconds wait(base * 3 / 4 + static_cast<int64_t>(rng_ % static_cast<uint64_t>(base / 2 + 1)));
+  const auto remaining =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return std::clamp(wait, std::chrono::milliseconds(1), std::max(remaining, std::chrono::milliseconds(1)));
 }
 
 std::string FragmentName(int process) {
@@ -95,10 +98,7 @@ Task<Result<format::Manifest>> GatherFragments(runtime::Loop& loop, storage::Che
                                       (missing.size() > 1 ? "es " : " ") + who + " after " +
                                       std::to_string(spec.timeout.count()) + " ms");
     }
-    const auto remaining =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    Status slept = co_await loop.Sleep(
-        std::clamp(backoff.Next(), std::chrono::milliseconds(1), std::max(remaining, std::chrono::milliseconds(1))));
+    Status slept = co_await loop.Sleep(backoff.Next(deadline));
     slept.IgnoreError();
   }
   // Merge: every process's shards and tensors, in process order.

@@ -43,7 +43,8 @@ struct GatherSpec {
 class PollBackoff {
  public:
   PollBackoff(int process_count, std::chrono::milliseconds first);
-  std::chrono::milliseconds Next();
+  // The next wait, cut short at `deadline` (but at least 1 ms).
+  std::chrono::milliseconds Next(std::chrono::steady_clock::time_point deadline);
 
  private:
   std::chrono::milliseconds next_;

@@ -84,9 +84,7 @@ Task<Status> ManagerImpl::AwaitCommit(int64_t step) {
                                   std::to_string(options_.multihost.timeout.count()) + " ms") +
                                  " (its log says why)");
     }
-    const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    Status slept = co_await loop().Sleep(
-        std::clamp(backoff.Next(), std::chrono::milliseconds(1), std::max(remaining, std::chrono::milliseconds(1))));
+    Status slept = co_await loop().Sleep(backoff.Next(deadline));
     slept.IgnoreError();
   }
 }

@@ -43,12 +43,39 @@ class GcsWriter final : public CheckpointWriter {
 // their own (gcs.loops), so TLS and HTTP work spread over the cores. A lane's
 // objects are created, used and destroyed on its loop's thread only.
 struct Lane {
+  Lane() = default;
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+  // A lane on a thread of its own drops its clients there (they hold polls
+  // and timers in its ring), then the thread stops. Lane 0's are destroyed
+  // here, on the manager's loop thread, in member order.
+  ~Lane();
+
   std::unique_ptr<runtime::LoopThread> thread;  // null for lane 0
   runtime::Loop* loop = nullptr;
   std::unique_ptr<http::HttpClient> http;
   std::unique_ptr<gcs::AuthProvider> auth;
   std::unique_ptr<GcsClient> client;
 };
+
+Task<void> DropClients(Lane* lane) {
+  lane->client.reset();
+  lane->auth.reset();
+  lane->http.reset();
+  co_return;
+}
+
+Lane::~Lane() {
+  if (thread != nullptr) thread->loop().BlockOn(DropClients(this));
+}
+
+// Creates the lane's clients; runs on the lane's loop.
+Task<Status> MakeClients(Lane* lane, http::HttpOptions ho, Options::Gcs options, bool emulator, std::string endpoint) {
+  CO_ASSIGN_OR_RETURN(lane->http, http::HttpClient::Create(*lane->loop, ho));
+  CO_ASSIGN_OR_RETURN(lane->auth, gcs::MakeAuth(*lane->loop, *lane->http, options, emulator));
+  lane->client = std::make_unique<GcsClient>(*lane->loop, *lane->http, *lane->auth, endpoint, options);
+  co_return Status::Ok();
+}
 
 class GcsReadable final : public ReadableFile {
  public:
@@ -70,7 +97,6 @@ class GcsStorage final : public Storage {
   // transfers (which go round-robin over all lanes).
   GcsStorage(std::string root, gcs::GcsPath path, std::vector<std::unique_ptr<Lane>> lanes)
       : root_(std::move(root)), path_(std::move(path)), lanes_(std::move(lanes)), client_(lanes_[0]->client.get()) {}
-  ~GcsStorage() override;
 
   const std::string& root() const override { return root_; }
   Task<Result<std::vector<Entry>>> List() override;
@@ -108,21 +134,6 @@ class GcsStorage final : public Storage {
   GcsClient* client_;  // lanes_[0]'s
   size_t next_lane_ = 0;
 };
-
-// Destroys a lane's clients on its own loop's thread (they hold polls and
-// timers in its ring).
-Task<void> DropClients(Lane* lane) {
-  lane->client.reset();
-  lane->auth.reset();
-  lane->http.reset();
-  co_return;
-}
-
-GcsStorage::~GcsStorage() {
-  for (auto& lane : lanes_) {
-    if (lane->thread != nullptr) lane->thread->loop().BlockOn(DropClients(lane.get()));
-  }
-}
 
 // Sets an event on the loop this runs on.
 Task<void> SetEvent(runtime::AsyncEvent* event) {
@@ -298,23 +309,8 @@ Task<Result<std::unique_ptr<Storage>>> OpenGcsStorage(runtime::Loop& loop, std::
       CO_ASSIGN_OR_RETURN(lane->thread, runtime::LoopThread::Start({}, "ckptio-gcs-" + std::to_string(i)));
       lane->loop = &lane->thread->loop();
     }
-    auto make = [](Lane* lane, http::HttpOptions ho, Options::Gcs options, bool emulator,
-                   std::string endpoint) -> Task<Status> {
-      CO_ASSIGN_OR_RETURN(lane->http, http::HttpClient::Create(*lane->loop, ho));
-      CO_ASSIGN_OR_RETURN(lane->auth, gcs::MakeAuth(*lane->loop, *lane->http, options, emulator));
-      lane->client = std::make_unique<GcsClient>(*lane->loop, *lane->http, *lane->auth, endpoint, options);
-      co_return Status::Ok();
-    };
-    Task<Status> making = make(lane.get(), ho, options, emulator, endpoint);
-    Status made = co_await runtime::OnLoop(*lane->loop, std::move(making));
-    if (!made.ok()) {
-      if (lane->thread != nullptr) lane->thread->loop().BlockOn(DropClients(lane.get()));
-      // Lanes made so far are dropped by a GcsStorage that never was: do it here.
-      for (auto& made_lane : lanes) {
-        if (made_lane->thread != nullptr) made_lane->thread->loop().BlockOn(DropClients(made_lane.get()));
-      }
-      co_return made;
-    }
+    Task<Status> making = MakeClients(lane.get(), ho, options, emulator, endpoint);
+    CO_TRY(co_await runtime::OnLoop(*lane->loop, std::move(making)));  // on failure ~Lane cleans up
     lanes.push_back(std::move(lane));
   }
   std::string root = "gs://" + path.bucket + (path.prefix.empty() ? "" : "/" + path.prefix);
