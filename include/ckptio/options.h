@@ -58,7 +58,9 @@ struct Options {
     enum class Direct { kAuto, kOn, kOff };
     // Bytes per write request; a multiple of 4096 so O_DIRECT writes stay aligned.
     uint64_t block_size = uint64_t{4} << 20;  // 4 MiB
-    // Writes in flight per file.
+    // Writes in flight, all files together. Borrowed tensors that are not
+    // 4 KiB-aligned in memory go out O_DIRECT through this many bounce
+    // buffers of block_size bytes (mapped at the first such write, reused).
     int queue_depth = 8;
     // O_DIRECT: kAuto tries it and falls back to buffered I/O where refused.
     Direct direct = Direct::kAuto;

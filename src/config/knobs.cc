@@ -207,7 +207,9 @@ const std::vector<Knob>& Table() {
       Group("io", "Local file writes (io_uring)."),
       Size(CKPTIO_KNOB(io.block_size), "Bytes per write request.", 4 * kKiB, kGiB, 4 * kKiB,
            "so that O_DIRECT writes stay aligned to the disk's blocks"),
-      Int(CKPTIO_KNOB(io.queue_depth), "Writes in flight per file.", 1, 4096),
+      Int(CKPTIO_KNOB(io.queue_depth),
+          "Writes in flight, all files together; borrowed tensors that are not 4 KiB-aligned go out "
+          "O_DIRECT through this many bounce buffers of io.block_size (mapped once, reused).", 1, 4096),
       Enum<Options::Io::Direct>(CKPTIO_KNOB(io.direct),
            "O_DIRECT: \"auto\" tries it and falls back to buffered I/O where it is refused.",
            kDirectChoices),

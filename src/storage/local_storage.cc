@@ -3,17 +3,22 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
+#include "ckptio/when_all.h"
 #include "runtime/block_writer.h"
 #include "runtime/io_ops.h"
+#include "storage/direct_plan.h"
 
 namespace ckptio::storage {
 namespace {
@@ -22,7 +27,7 @@ using runtime::File;
 using runtime::Loop;
 using runtime::UniqueFd;
 
-constexpr size_t kDirectAlign = 4096;
+constexpr size_t kDirectAlign = kDirectBlock;
 
 std::atomic<FsObserver*> g_observer{nullptr};
 
@@ -92,7 +97,7 @@ class LocalWriter final : public CheckpointWriter {
  private:
   Task<Result<File>> OpenForWrite(std::string name, bool* direct);
   Task<Status> RemoveOwnFiles();
-  Task<Status> WriteSegments(const File* file, const FileImage* image, bool direct);
+  Task<Status> WriteSegments(const File* file, const FileImage* image, bool direct, bool gather);
   Task<Status> Publish();
 
   LocalStorage* storage_;
@@ -132,6 +137,9 @@ class LocalStorage final : public Storage {
   LocalStorage(Loop& loop, runtime::CpuPool& pool, std::string root, File root_dir, LocalOptions options)
       : loop_(loop), pool_(pool), root_(std::move(root)), root_dir_(std::move(root_dir)),
         options_(options), depth_(std::max(options.queue_depth, 1)) {}
+  ~LocalStorage() override {
+    if (bounce_ != nullptr) ::munmap(bounce_, bounce_bytes_);
+  }
 
   const std::string& root() const override { return root_; }
   Task<Result<std::vector<Entry>>> List() override;
@@ -147,6 +155,10 @@ class LocalStorage final : public Storage {
   int root_fd() const { return root_dir_.fd(); }
   const LocalOptions& options() const { return options_; }
   runtime::AsyncSemaphore& depth() { return depth_; }
+  // Writes `image` to `*file` (opened O_DIRECT) as its DirectPlan says:
+  // aligned runs straight from the segments, the rest through bounce
+  // buffers. Adds the bytes it copied into bounce buffers to *bounced.
+  Task<Status> WriteGathered(const File* file, const FileImage* image, uint64_t* bounced);
   std::string PathOf(const std::string& rel) const { return root_ + "/" + rel; }
   Task<Status> RemoveTree(std::string name);
   Task<Status> FsyncRoot() { co_return co_await Sync(&root_dir_, /*datasync=*/false, ""); }
@@ -173,7 +185,101 @@ class LocalStorage final : public Storage {
   runtime::AsyncSemaphore depth_;
   UniqueFd lock_fd_;
   FsObserver* observer_ = g_observer.load();
+
+  // Bounce buffers of WriteGathered: one of io.block_size bytes per write
+  // in flight (io.queue_depth), mapped and touched at the first gathered
+  // write and reused by every later one. Every gathered write holds a
+  // depth_ permit while it holds a buffer, so one is always free.
+  struct GatherState;
+  Task<Status> MapBounce();
+  Task<void> GatherLane(GatherState* g);
+  char* bounce_ = nullptr;
+  size_t bounce_bytes_ = 0;
+  std::vector<char*> free_bounce_;
+  bool bounce_mapping_ = false;
+  runtime::AsyncEvent bounce_mapped_;
 };
+
+struct LocalStorage::GatherState {
+  DirectPlan plan;
+  const File* file;
+  const FileImage* image;
+  uint64_t bounced = 0;
+  Status first_error;
+};
+
+Task<Status> LocalStorage::MapBounce() {
+  if (bounce_mapping_) {
+    co_await bounce_mapped_.Wait();
+  } else {
+    bounce_mapping_ = true;
+    const size_t count = static_cast<size_t>(std::max(options_.queue_depth, 1));
+    const size_t bytes = count * options_.block_size;
+    // mmap, not the heap: aligned, and the pages are touched here on a pool
+    // thread rather than by the first copies into them.
+    auto map = [bytes]() -> char* {
+      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) return nullptr;
+      (void)::madvise(p, bytes, MADV_HUGEPAGE);
+      std::memset(p, 0, bytes);
+      return static_cast<char*>(p);
+    };
+    char* p = co_await pool_.Run(map);
+    if (p != nullptr) {
+      bounce_ = p;
+      bounce_bytes_ = bytes;
+      for (size_t i = 0; i < count; ++i) free_bounce_.push_back(p + i * options_.block_size);
+    }
+    bounce_mapped_.Set();
+  }
+  if (bounce_ == nullptr) {
+    const size_t bytes = static_cast<size_t>(std::max(options_.queue_depth, 1)) * options_.block_size;
+    co_return ResourceExhaustedError("cannot map " + std::to_string(bytes) +
+                                     " bytes of bounce buffers (io.queue_depth x io.block_size) for O_DIRECT "
+                                     "writes of tensors that are not 4 KiB-aligned, under " + root_);
+  }
+  co_return Status::Ok();
+}
+
+Task<void> LocalStorage::GatherLane(GatherState* g) {
+  while (!g->plan.done() && g->first_error.ok()) {
+    const DirectWrite w = g->plan.Next();
+    co_await depth_.Acquire();
+    const char* src = w.data;
+    char* buf = nullptr;
+    if (src == nullptr) {
+      buf = free_bounce_.back();
+      free_bounce_.pop_back();
+      const DirectPlan* plan = &g->plan;
+      auto copy = [plan, w, buf] { plan->Gather(w, buf); };
+      co_await pool_.Run(copy);
+      src = buf;
+      g->bounced += w.len;
+    }
+    Status st = co_await loop_.Write(*g->file, src, w.len, w.offset);
+    if (buf != nullptr) free_bounce_.push_back(buf);
+    depth_.Release();
+    if (!st.ok()) {
+      if (g->first_error.ok()) g->first_error = std::move(st);
+    } else if (g->image->progress != nullptr) {
+      const uint64_t data = std::min<uint64_t>(w.offset + w.len, g->image->size) - w.offset;
+      g->image->progress->fetch_add(data, std::memory_order_relaxed);
+    }
+  }
+}
+
+Task<Status> LocalStorage::WriteGathered(const File* file, const FileImage* image, uint64_t* bounced) {
+  CO_TRY(co_await MapBounce());
+  GatherState g{DirectPlan(image, options_.block_size), file, image, 0, Status::Ok()};
+  const uint64_t writes = (image->size + options_.block_size - 1) / options_.block_size;
+  const size_t lanes = static_cast<size_t>(std::clamp<uint64_t>(writes, 1, std::max(options_.queue_depth, 1)));
+  std::vector<Task<void>> tasks;
+  tasks.reserve(lanes);
+  for (size_t i = 0; i < lanes; ++i) tasks.push_back(GatherLane(&g));
+  co_await WhenAll(std::move(tasks));
+  *bounced += g.bounced;
+  co_return std::move(g.first_error);
+}
 
 Task<Status> LocalStorage::RemoveTree(std::string name) {
   int fd = root_dir_.fd();
@@ -300,7 +406,7 @@ Task<Result<File>> LocalWriter::OpenForWrite(std::string name, bool* direct) {
   co_return co_await loop.OpenAt(tmp_dir_.fd(), name, base);
 }
 
-Task<Status> LocalWriter::WriteSegments(const File* file, const FileImage* image, bool direct) {
+Task<Status> LocalWriter::WriteSegments(const File* file, const FileImage* image, bool direct, bool gather) {
   const LocalOptions& o = storage_->options();
   uint64_t written_end = 0;
   if (int e = storage_->Injected(FsObserver::Op::kWrite, tmp_name_ + "/" + image->name)) {
@@ -314,12 +420,19 @@ Task<Status> LocalWriter::WriteSegments(const File* file, const FileImage* image
     // disk fails here, before any data moves.
     CO_TRY(co_await storage_->loop().Fallocate(*file, 0, 0, RoundUp(image->size, kDirectAlign)));
   }
-  for (const Segment& s : image->segments) {
-    size_t len = direct ? RoundUp(s.len, kDirectAlign) : s.len;
-    CO_TRY(co_await runtime::WriteInBlocks(storage_->loop(), file, s.data, len, s.offset, o.block_size,
-                                           o.queue_depth, &storage_->depth(), image->progress));
-    written_end = std::max<uint64_t>(written_end, s.offset + len);
+  uint64_t bounced = 0;
+  if (gather) {
+    CO_TRY(co_await storage_->WriteGathered(file, image, &bounced));
+    written_end = RoundUp(image->size, kDirectAlign);
+  } else {
+    for (const Segment& s : image->segments) {
+      size_t len = direct ? RoundUp(s.len, kDirectAlign) : s.len;
+      CO_TRY(co_await runtime::WriteInBlocks(storage_->loop(), file, s.data, len, s.offset, o.block_size,
+                                             o.queue_depth, &storage_->depth(), image->progress));
+      written_end = std::max<uint64_t>(written_end, s.offset + len);
+    }
   }
+  if (storage_->observer() != nullptr) storage_->observer()->Wrote(tmp_name_ + "/" + image->name, direct, bounced);
   // An O_DIRECT write of the last block went out padded: cut the file back.
   // ftruncate is a quick metadata update, so it runs inline.
   if (written_end > image->size && ::ftruncate(file->fd(), static_cast<off_t>(image->size)) != 0) {
@@ -329,14 +442,19 @@ Task<Status> LocalWriter::WriteSegments(const File* file, const FileImage* image
 }
 
 Task<Status> LocalWriter::WriteFile(const FileImage* image) {
+  // Segments that are not all block-aligned in memory (borrowed tensors)
+  // still go out with O_DIRECT, partly through bounce buffers: the page
+  // cache would cost a copy too, plus its own overhead and writeback.
   bool direct = storage_->options().direct != Options::Io::Direct::kOff;
-  for (const Segment& s : image->segments) direct = direct && DirectEligible(s);
+  bool aligned = true;
+  for (const Segment& s : image->segments) aligned = aligned && DirectEligible(s);
   CO_ASSIGN_OR_RETURN(File f, co_await OpenForWrite(image->name, &direct));
+  const bool gather = direct && !aligned;
   const std::string rel = tmp_name_ + "/" + image->name;
   created_.push_back(image->name);
   if (storage_->observer() != nullptr) storage_->observer()->CreatedFile(rel);
   File file(UniqueFd(f.release()), tmp_dir_.path() + "/" + image->name);
-  Status s = co_await WriteSegments(&file, image, direct);
+  Status s = co_await WriteSegments(&file, image, direct, gather);
   // fdatasync: the data and the size needed to read it back; the rename
   // protocol does not depend on timestamps.
   if (s.ok()) s = co_await storage_->Sync(&file, /*datasync=*/true, rel);

@@ -5,7 +5,8 @@
 // Commit protocol (each step must be durable before the next, so a crash at
 // any point leaves either the previous state or the new checkpoint):
 //   mkdir <name>.tmp-<nonce>            in-flight checkpoints are invisible
-//   write each file, fdatasync it       O_DIRECT from staging where aligned
+//   write each file, fdatasync it       O_DIRECT (bounce buffers for the
+//                                       bytes not block-aligned in memory)
 //   write manifest.json, fsync it
 //   fsync the tmp dir                   its entries are durable
 //   rename tmp -> <name>                the checkpoint appears at once
@@ -57,6 +58,9 @@ class FsObserver {
   virtual void Synced(const std::string& path) = 0;  // fsync or fdatasync of a file or directory
   virtual void Renamed(const std::string& from, const std::string& to, bool exchange) = 0;
   virtual void Removed(const std::string& path) = 0;  // unlink or rmdir
+  // A shard's data is written (not yet synced): with O_DIRECT or not, and
+  // how many of its bytes went through bounce buffers on the way.
+  virtual void Wrote(const std::string& path, bool direct, uint64_t bounced) { (void)path, (void)direct, (void)bounced; }
 };
 // Installs the observer of every LocalStorage opened afterwards (null: none).
 void SetFsObserverForTesting(FsObserver* observer);
