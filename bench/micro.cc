@@ -40,6 +40,7 @@
 #include "pipeline/snapshot.h"
 #include "runtime/cpu_pool.h"
 #include "runtime/loop.h"
+#include "runtime/trace.h"
 #include "storage/local_storage.h"
 
 namespace ckptio::bench {
@@ -212,20 +213,35 @@ void LocalWriteRows(const Args& args, runtime::CpuPool& pool, const pipeline::Sa
   const std::vector<uint32_t> zeros(plan.specs.size(), 0), shard_zeros(plan.shards.size(), 0);
   const std::string manifest =
       format::SerializeManifest(pipeline::MakeManifest(plan, zeros, shard_zeros, nlohmann::json::object()));
-  std::vector<Rate> ours, theirs;
+  std::vector<Rate> ours, traced, theirs;
+  size_t spans = 0;
+  // One write with tracing off, one with it on (the loop records a span per
+  // io_uring batch, as with trace.path set), then fio.
   for (int r = 0; r < args.rounds; ++r) {
-    const std::string name = "checkpoint_" + std::to_string(r + 1);
-    Phase p;
-    Check(loop.Run(WriteCheckpoint(storage.get(), name, &images, manifest)), "write a checkpoint");
-    ours.push_back({p.wall(), p.cpu(), double(plan.checkpoint_bytes)});
-    Check(loop.Run(storage->Remove(name)), "remove a checkpoint");
+    for (bool trace : {false, true}) {
+      const std::string name = "checkpoint_" + std::to_string(r + 1) + (trace ? "t" : "");
+      runtime::Tracer tracer(args.dir + "/micro-trace.json");
+      if (trace) loop.set_tracer(&tracer);
+      Phase p;
+      Check(loop.Run(WriteCheckpoint(storage.get(), name, &images, manifest)), "write a checkpoint");
+      (trace ? traced : ours).push_back({p.wall(), p.cpu(), double(plan.checkpoint_bytes)});
+      loop.set_tracer(nullptr);
+      if (trace) {
+        spans = tracer.spans();
+        Check(tracer.Flush(), "write the trace");
+      }
+      Check(loop.Run(storage->Remove(name)), "remove a checkpoint");
+    }
     if (args.fio) theirs.push_back(FioWrite(args.dir + "/micro-fio.bin", plan.checkpoint_bytes, 4 << 20, 8));
   }
+  std::filesystem::remove(args.dir + "/micro-trace.json");
   storage.reset();
   std::filesystem::remove_all(root);
   const Rate fio = args.fio ? Median(theirs) : Rate{};
   AddRow(table, {"local write: LocalStorage, O_DIRECT 4 MiB x QD 8, fdatasync + commit", "loop", Median(ours),
                  args.fio ? "fio O_DIRECT write, same bytes" : "fio skipped", fio});
+  AddRow(table, {"local write, tracing on (" + std::to_string(spans) + " spans of io_uring batches per checkpoint)",
+                 "loop", Median(traced), "the same write, tracing off", Median(ours)});
   if (args.fio) {
     AddRow(table, {"(limit) fio O_DIRECT write, bs 4 MiB, iodepth 8, end_fsync", "fio", fio, "-", {}});
   }
