@@ -56,7 +56,9 @@ all connections, each direction), "upload_bytes_per_s", "download_bytes_per_s", 
 Log entry: id, conn, time, method, path, query, headers (selected request headers), authorization
 (the scheme only, e.g. "Bearer", never the credentials), bearer_ok, request_body_bytes (received
 from the client), request_complete, forwarded, upstream_status, status (sent to the client, None if
-none), response_headers (selected), response_body_bytes (sent), rule, action, outcome, duration_ms.
+none), response_headers (selected), response_body_bytes (sent), rule, action, outcome, duration_ms;
+for a forwarded request also body_ms (when its body was all forwarded) and upstream_ms (when the
+upstream's response head came), both from the start of the request like duration_ms.
 """
 from __future__ import annotations
 
@@ -870,6 +872,7 @@ class FaultProxy:
                 u.writer.write((b"%x\r\n" % len(d)) + d + b"\r\n" if chunked else d)
                 await u.writer.drain()
             entry["request_complete"] = body.done
+            entry["body_ms"] = round((time.monotonic() - t0) * 1000, 3)
             if cut_request:
                 entry["action"] = "reset"
                 u.abort()  # FIN: the upstream reads the partial body, then EOF
@@ -890,6 +893,7 @@ class FaultProxy:
                 ustatus = int(sp[1])
                 if ustatus >= 200 or ustatus == 101:
                     break
+            entry["upstream_ms"] = round((time.monotonic() - t0) * 1000, 3)
             upstream_keep = not ("close" in (rhead.get("connection") or "").lower() or sp[0] == "HTTP/1.0")
         except (IncompleteBody, ConnectionError, OSError, ValueError, IndexError) as e:
             if up[0] is not None:

@@ -300,6 +300,10 @@ def test_bandwidth_rule_upload_and_download(gcs_proxy, gcs_bucket):
     expect = len(data) / rate  # 0.5 s
     assert expect * 0.75 <= up <= expect * 1.6, up
     assert expect * 0.75 <= down <= expect * 1.6, down
+    # The log tells when the upload's body was all forwarded and when the
+    # upstream answered: the shaped body takes most of the request.
+    e = [x for x in gcs_proxy.log() if x["method"] == "POST" and "name=bw" in (x["query"] or "")][-1]
+    assert expect * 750 <= e["body_ms"] <= e["upstream_ms"] <= e["duration_ms"], e
 
 
 def test_bandwidth_global_setting_is_shared_by_connections(gcs_proxy, gcs_bucket, gcs_emulator):
