@@ -215,6 +215,9 @@ const std::vector<Knob>& Table() {
            kDirectChoices),
       Bool(CKPTIO_KNOB(io.register_buffers),
            "Register staging buffers with io_uring (fixed buffers)."),
+      Bool(CKPTIO_KNOB(io.recycle),
+           "Write new shards into the files of pruned checkpoints (kept in <root>/.recycle) instead of "
+           "deleting them and allocating new ones: up to one checkpoint's files more on disk."),
 
       Group("trace", "Tracing of the save pipeline."),
       String(CKPTIO_KNOB(trace.path), "Write a Chrome trace-event JSON file here; empty = off.",

@@ -105,7 +105,7 @@ Task<Status> ManagerImpl::OpenStorage(bool create) {
     CO_ASSIGN_OR_RETURN(storage_, co_await storage::OpenGcsStorage(loop(), root_, options_.gcs));
     co_return Status::Ok();
   }
-  storage::LocalOptions lo{options_.io.direct, options_.io.block_size, options_.io.queue_depth};
+  storage::LocalOptions lo{options_.io.direct, options_.io.block_size, options_.io.queue_depth, options_.io.recycle};
   CO_ASSIGN_OR_RETURN(storage_, co_await storage::OpenLocalStorage(loop(), *pool_, root_, lo, create));
   co_return Status::Ok();
 }
@@ -407,7 +407,7 @@ Task<Status> ManagerImpl::PruneNow() {
   }
   Status first;
   for (int64_t step : doomed) {
-    Status s = co_await storage_->Remove(StepName(step));
+    Status s = co_await storage_->Prune(StepName(step));
     std::lock_guard lock(mu_);
     if (s.ok()) {
       ++stats_.checkpoints_pruned;

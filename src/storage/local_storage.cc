@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <string_view>
 
 #include "ckptio/when_all.h"
 #include "runtime/block_writer.h"
@@ -47,9 +48,44 @@ bool DirectEligible(const Segment& s) {
          RoundUp(s.len, kDirectAlign) <= s.capacity;
 }
 
+// Where Prune keeps the files it recycles (a hidden name: List skips it).
+constexpr const char* kRecycleDir = ".recycle";
+// Only shards are recycled; manifests and fragments are small: deleted.
+constexpr std::string_view kRecycledSuffix = ".safetensors";
+
+// A file in kRecycleDir.
+struct BinFile {
+  std::string name;
+  uint64_t size = 0;
+};
+
+// Moves the shard file `entry` of directory `fd` (root-relative `dir`) into
+// kRecycleDir under the root `dirfd`. False if it is not a shard or the
+// rename failed (the caller deletes it instead).
+bool RecycleSync(int dirfd, int fd, const std::string& dir, const std::string& entry, FsObserver* observer,
+                 std::vector<BinFile>* bin) {
+  if (!std::string_view(entry).ends_with(kRecycledSuffix)) return false;
+  struct stat st;
+  if (::fstatat(fd, entry.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return false;
+  if (::mkdirat(dirfd, kRecycleDir, 0755) == 0) {
+    if (observer != nullptr) observer->MadeDir(kRecycleDir);
+  } else if (errno != EEXIST) {
+    return false;
+  }
+  const std::string name = "r-" + Nonce();
+  const std::string to = std::string(kRecycleDir) + "/" + name;
+  if (::renameat2(fd, entry.c_str(), dirfd, to.c_str(), RENAME_NOREPLACE) != 0) return false;
+  if (observer != nullptr) observer->Renamed(dir + "/" + entry, to, /*exchange=*/false);
+  bin->push_back({name, static_cast<uint64_t>(st.st_size)});
+  return true;
+}
+
 // Deletes directory `name` under `dirfd` and the files in it (one level: a
-// checkpoint has no subdirectories). Runs on a pool thread: plain syscalls.
-Status RemoveTreeSync(int dirfd, const std::string& name, const std::string& root, FsObserver* observer) {
+// checkpoint has no subdirectories); with `recycled`, moves the files worth
+// it into kRecycleDir instead and lists them there. Runs on a pool thread:
+// plain syscalls.
+Status RemoveTreeSync(int dirfd, const std::string& name, const std::string& root, FsObserver* observer,
+                      std::vector<BinFile>* recycled = nullptr) {
   int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
     if (errno == ENOENT) return Status::Ok();
@@ -64,6 +100,7 @@ Status RemoveTreeSync(int dirfd, const std::string& name, const std::string& roo
   while (dirent* e = ::readdir(dir)) {
     std::string entry = e->d_name;
     if (entry == "." || entry == "..") continue;
+    if (recycled != nullptr && RecycleSync(dirfd, fd, name, entry, observer, recycled)) continue;
     if (::unlinkat(fd, entry.c_str(), 0) != 0) {
       if (errno != ENOENT && status.ok()) status = ErrnoToStatus(errno, "unlink", root + "/" + name + "/" + entry);
     } else if (observer != nullptr) {
@@ -95,9 +132,9 @@ class LocalWriter final : public CheckpointWriter {
   Task<Status> Abort() override;
 
  private:
-  Task<Result<File>> OpenForWrite(std::string name, bool* direct);
+  Task<Result<File>> OpenForWrite(std::string name, bool* direct, bool recycled);
   Task<Status> RemoveOwnFiles();
-  Task<Status> WriteSegments(const File* file, const FileImage* image, bool direct, bool gather);
+  Task<Status> WriteSegments(const File* file, const FileImage* image, bool direct, bool gather, bool recycled);
   Task<Status> Publish();
 
   LocalStorage* storage_;
@@ -149,6 +186,7 @@ class LocalStorage final : public Storage {
                                           uint64_t max_bytes) override;
   Task<Result<std::unique_ptr<ReadableFile>>> OpenFile(std::string checkpoint, std::string file) override;
   Task<Status> Remove(std::string name) override;
+  Task<Status> Prune(std::string name) override;
   Status LockForWriting() override;
 
   Loop& loop() { return loop_; }
@@ -161,6 +199,11 @@ class LocalStorage final : public Storage {
   Task<Status> WriteGathered(const File* file, const FileImage* image, uint64_t* bounced);
   std::string PathOf(const std::string& rel) const { return root_ + "/" + rel; }
   Task<Status> RemoveTree(std::string name);
+  // Renames a file of the recycle bin to `name` in the tmp dir `dir`
+  // (root-relative `tmp_name`), to be overwritten with `size` bytes: the
+  // smallest that holds them, else the largest. False if there is none
+  // (or another process took it): create the file instead.
+  Task<bool> TakeRecycled(const File* dir, std::string tmp_name, std::string name, uint64_t size);
   Task<Status> FsyncRoot() { co_return co_await Sync(&root_dir_, /*datasync=*/false, ""); }
   FsObserver* observer() const { return observer_; }
   // fsync (or fdatasync) of `*file`, the root-relative `path`, told to the
@@ -185,6 +228,14 @@ class LocalStorage final : public Storage {
   runtime::AsyncSemaphore depth_;
   UniqueFd lock_fd_;
   FsObserver* observer_ = g_observer.load();
+
+  // Recycling needs the writer lock: only the one writer moves files in
+  // and out of the bin. bin_ is touched on the loop thread only.
+  bool recycling() const { return options_.recycle && lock_fd_.valid(); }
+  // Renames checkpoint `name` to a tmp-del name, durably: it is gone for
+  // readers. Returns that name.
+  Task<Result<std::string>> Hide(std::string name);
+  std::vector<BinFile> bin_;
 
   // Bounce buffers of WriteGathered: one of io.block_size bytes per write
   // in flight (io.queue_depth), mapped and touched at the first gathered
@@ -358,17 +409,56 @@ Task<Result<std::unique_ptr<ReadableFile>>> LocalStorage::OpenFile(std::string c
   co_return std::unique_ptr<ReadableFile>(new LocalReadable(loop_, std::move(named), st.stx_size));
 }
 
+Task<Result<std::string>> LocalStorage::Hide(std::string name) {
+  // Make the checkpoint disappear atomically before deleting anything.
+  std::string doomed = name + kTmpMarker + "del-" + Nonce();
+  if (int e = Injected(FsObserver::Op::kRename, name)) co_return ErrnoToStatus(e, "rename", PathOf(name));
+  CO_TRY(co_await loop_.RenameAt(root_dir_.fd(), name, root_dir_.fd(), doomed));
+  if (observer_ != nullptr) observer_->Renamed(name, doomed, /*exchange=*/false);
+  CO_TRY(co_await FsyncRoot());
+  co_return doomed;
+}
+
 Task<Status> LocalStorage::Remove(std::string name) {
   std::string doomed = name;
   if (name.find(kTmpMarker) == std::string::npos) {
-    // Make the checkpoint disappear atomically before deleting anything.
-    doomed = name + kTmpMarker + "del-" + Nonce();
-    if (int e = Injected(FsObserver::Op::kRename, name)) co_return ErrnoToStatus(e, "rename", PathOf(name));
-    CO_TRY(co_await loop_.RenameAt(root_dir_.fd(), name, root_dir_.fd(), doomed));
-    if (observer_ != nullptr) observer_->Renamed(name, doomed, /*exchange=*/false);
-    CO_TRY(co_await FsyncRoot());
+    CO_ASSIGN_OR_RETURN(doomed, co_await Hide(name));
   }
   co_return co_await RemoveTree(doomed);
+}
+
+Task<Status> LocalStorage::Prune(std::string name) {
+  // The bin holds one pruned checkpoint's files at most: while the saves
+  // after it have not taken them all, prune by deleting.
+  if (!recycling() || !bin_.empty() || name.find(kTmpMarker) != std::string::npos) {
+    co_return co_await Remove(std::move(name));
+  }
+  CO_ASSIGN_OR_RETURN(std::string doomed, co_await Hide(name));
+  auto work = [fd = root_dir_.fd(), doomed, root = root_, observer = observer_] {
+    std::pair<Status, std::vector<BinFile>> out;
+    out.first = RemoveTreeSync(fd, doomed, root, observer, &out.second);
+    return out;
+  };
+  std::pair<Status, std::vector<BinFile>> done = co_await pool_.Run(work);
+  for (BinFile& f : done.second) bin_.push_back(std::move(f));
+  co_return std::move(done.first);
+}
+
+Task<bool> LocalStorage::TakeRecycled(const File* dir, std::string tmp_name, std::string name, uint64_t size) {
+  if (!recycling() || bin_.empty()) co_return false;
+  size_t pick = 0;
+  for (size_t i = 1; i < bin_.size(); ++i) {
+    const bool fits = bin_[i].size >= size, best_fits = bin_[pick].size >= size;
+    if ((fits && (!best_fits || bin_[i].size < bin_[pick].size)) || (!fits && !best_fits && bin_[i].size > bin_[pick].size)) {
+      pick = i;
+    }
+  }
+  const std::string from = std::string(kRecycleDir) + "/" + bin_[pick].name;
+  bin_.erase(bin_.begin() + static_cast<ptrdiff_t>(pick));
+  Status moved = co_await loop_.RenameAt(root_dir_.fd(), from, dir->fd(), name, RENAME_NOREPLACE);
+  if (!moved.ok()) co_return false;
+  if (observer_ != nullptr) observer_->Renamed(from, tmp_name + "/" + name, /*exchange=*/false);
+  co_return true;
 }
 
 Status LocalStorage::LockForWriting() {
@@ -384,14 +474,36 @@ Status LocalStorage::LockForWriting() {
     return ErrnoToStatus(errno, "lock", path);
   }
   lock_fd_ = std::move(fd);
+  if (options_.recycle) {
+    // Files an earlier writer left in the bin (a small directory: one
+    // checkpoint's shards at most).
+    bin_.clear();
+    int bin_fd = ::openat(root_dir_.fd(), kRecycleDir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (bin_fd >= 0) {
+      if (DIR* dir = ::fdopendir(bin_fd)) {
+        while (dirent* e = ::readdir(dir)) {
+          struct stat st;
+          if (e->d_name[0] == '.' || ::fstatat(bin_fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+              !S_ISREG(st.st_mode)) {
+            continue;
+          }
+          bin_.push_back({e->d_name, static_cast<uint64_t>(st.st_size)});
+        }
+        ::closedir(dir);
+      } else {
+        ::close(bin_fd);
+      }
+    }
+  }
   return Status::Ok();
 }
 
 LocalWriter::~LocalWriter() = default;
 
-Task<Result<File>> LocalWriter::OpenForWrite(std::string name, bool* direct) {
+Task<Result<File>> LocalWriter::OpenForWrite(std::string name, bool* direct, bool recycled) {
   Loop& loop = storage_->loop();
-  const int base = O_WRONLY | O_CREAT | (shared_ ? O_TRUNC : O_EXCL);
+  // A recycled file is already in place; it is overwritten, then cut to size.
+  const int base = recycled ? O_WRONLY : O_WRONLY | O_CREAT | (shared_ ? O_TRUNC : O_EXCL);
   if (*direct) {
     auto f = co_await loop.OpenAt(tmp_dir_.fd(), name, base | O_DIRECT);
     if (f.ok() || f.status().sys_errno() != EINVAL ||
@@ -401,12 +513,13 @@ Task<Result<File>> LocalWriter::OpenForWrite(std::string name, bool* direct) {
     // The file system refuses O_DIRECT (the failed open may already have
     // created the file, hence O_TRUNC rather than O_EXCL): write buffered.
     *direct = false;
-    co_return co_await loop.OpenAt(tmp_dir_.fd(), name, O_WRONLY | O_CREAT | O_TRUNC);
+    co_return co_await loop.OpenAt(tmp_dir_.fd(), name, recycled ? O_WRONLY : O_WRONLY | O_CREAT | O_TRUNC);
   }
   co_return co_await loop.OpenAt(tmp_dir_.fd(), name, base);
 }
 
-Task<Status> LocalWriter::WriteSegments(const File* file, const FileImage* image, bool direct, bool gather) {
+Task<Status> LocalWriter::WriteSegments(const File* file, const FileImage* image, bool direct, bool gather,
+                                        bool recycled) {
   const LocalOptions& o = storage_->options();
   uint64_t written_end = 0;
   if (int e = storage_->Injected(FsObserver::Op::kWrite, tmp_name_ + "/" + image->name)) {
@@ -433,9 +546,10 @@ Task<Status> LocalWriter::WriteSegments(const File* file, const FileImage* image
     }
   }
   if (storage_->observer() != nullptr) storage_->observer()->Wrote(tmp_name_ + "/" + image->name, direct, bounced);
-  // An O_DIRECT write of the last block went out padded: cut the file back.
-  // ftruncate is a quick metadata update, so it runs inline.
-  if (written_end > image->size && ::ftruncate(file->fd(), static_cast<off_t>(image->size)) != 0) {
+  // An O_DIRECT write of the last block went out padded, or a recycled file
+  // was longer: cut the file back. ftruncate is a quick metadata update (it
+  // frees at most the tail), so it runs inline.
+  if ((written_end > image->size || recycled) && ::ftruncate(file->fd(), static_cast<off_t>(image->size)) != 0) {
     co_return ErrnoToStatus(errno, "truncate", file->path());
   }
   co_return Status::Ok();
@@ -448,13 +562,19 @@ Task<Status> LocalWriter::WriteFile(const FileImage* image) {
   bool direct = storage_->options().direct != Options::Io::Direct::kOff;
   bool aligned = true;
   for (const Segment& s : image->segments) aligned = aligned && DirectEligible(s);
-  CO_ASSIGN_OR_RETURN(File f, co_await OpenForWrite(image->name, &direct));
-  const bool gather = direct && !aligned;
+  // A pruned checkpoint's file if there is one: no allocation, no unlink.
+  bool recycled = false;
+  if (!shared_) recycled = co_await storage_->TakeRecycled(&tmp_dir_, tmp_name_, image->name, image->size);
   const std::string rel = tmp_name_ + "/" + image->name;
-  created_.push_back(image->name);
-  if (storage_->observer() != nullptr) storage_->observer()->CreatedFile(rel);
+  if (recycled) created_.push_back(image->name);
+  CO_ASSIGN_OR_RETURN(File f, co_await OpenForWrite(image->name, &direct, recycled));
+  const bool gather = direct && !aligned;
+  if (!recycled) {
+    created_.push_back(image->name);
+    if (storage_->observer() != nullptr) storage_->observer()->CreatedFile(rel);
+  }
   File file(UniqueFd(f.release()), tmp_dir_.path() + "/" + image->name);
-  Status s = co_await WriteSegments(&file, image, direct, gather);
+  Status s = co_await WriteSegments(&file, image, direct, gather, recycled);
   // fdatasync: the data and the size needed to read it back; the rename
   // protocol does not depend on timestamps.
   if (s.ok()) s = co_await storage_->Sync(&file, /*datasync=*/true, rel);

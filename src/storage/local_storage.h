@@ -14,6 +14,11 @@
 // Removal renames <name> to <name>.tmp-del-<nonce> first (the checkpoint
 // disappears at once), then deletes the files. Anything named *.tmp-* is
 // debris that the writer removes when it takes the root's lock.
+// Recycling (LocalOptions::recycle): Prune, instead of deleting the files,
+// renames them into <root>/.recycle (when it is empty), and the next
+// checkpoint's WriteFile renames one of them into its tmp dir and overwrites
+// it (then truncates it to size) instead of creating a file. The files are
+// only ever visible under tmp names or in .recycle, which readers never list.
 
 #include <memory>
 #include <string>
@@ -30,6 +35,7 @@ struct LocalOptions {
   Options::Io::Direct direct = Options::Io::Direct::kAuto;
   size_t block_size = size_t{4} << 20;
   int queue_depth = 8;  // writes in flight across all files of this storage
+  bool recycle = true;  // Prune keeps files in <root>/.recycle for later writes
 };
 
 // Opens the directory `root`, creating it and its parents if `create`

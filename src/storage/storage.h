@@ -106,6 +106,10 @@ class Storage {
   // atomically first (its manifest goes before its shards), so a crash in
   // the middle leaves debris, never a checkpoint with missing shards.
   virtual Task<Status> Remove(std::string name) = 0;
+  // Removes a committed checkpoint that retention dropped, as Remove does;
+  // a backend may keep its space for the checkpoints that follow (local
+  // disk: its files are reused, see local_storage.h).
+  virtual Task<Status> Prune(std::string name) { co_return co_await Remove(std::move(name)); }
   // Takes the exclusive writer lock of the root, if the backend has one.
   // Error if another process holds it.
   virtual Status LockForWriting() = 0;

@@ -505,7 +505,7 @@ TEST_CASE("ToJson is strict JSON that parses back to the same Options") {
   o.overwrite = true;
   o.threads = 12;
   o.io = {.block_size = 8 * kMiB, .queue_depth = 32, .direct = Options::Io::Direct::kOff,
-          .register_buffers = false};
+          .register_buffers = false, .recycle = false};
   o.trace.path = "/tmp/trace.json";
   o.gcs.endpoint = "http://localhost:4443";
   o.gcs.chunk_size = 32 * kMiB;

@@ -325,8 +325,9 @@ TEST_CASE("overlapping saves with keep=2 and keep_every=5 leave exactly the righ
   REQUIRE(m->WaitUntilFinished().ok());
   for (auto& h : handles) CHECK(h.Wait().ok());
   CHECK(m->AllSteps() == std::vector<int64_t>{5, 10, 11, 12});
+  // .recycle: the shard files of a pruned checkpoint, for the next save.
   CHECK(DirNames(dir.path()) ==
-        std::vector<std::string>{"checkpoint_10", "checkpoint_11", "checkpoint_12", "checkpoint_5"});
+        std::vector<std::string>{".recycle", "checkpoint_10", "checkpoint_11", "checkpoint_12", "checkpoint_5"});
   for (int64_t step : {5, 10, 11, 12}) {
     auto r = m->Restore(step);
     REQUIRE(r.ok());
@@ -518,7 +519,10 @@ TEST_CASE("delete removes a committed step and prune applies the keep policy") {
   m = OpenOrDie(dir.path(), o);
   REQUIRE(m->Prune().ok());
   CHECK(m->AllSteps() == std::vector<int64_t>{40});
-  CHECK(DirNames(dir.path()) == std::vector<std::string>{"checkpoint_40"});
+  CHECK(DirNames(dir.path()) == std::vector<std::string>{".recycle", "checkpoint_40"});
+  // The bin keeps one pruned checkpoint's shard (step 10's); step 30's was
+  // deleted, as was step 20's by Delete.
+  CHECK(std::distance(fs::directory_iterator(dir / ".recycle"), fs::directory_iterator()) == 1);
 }
 
 TEST_CASE("restoring from an empty root says there is no checkpoint") {
