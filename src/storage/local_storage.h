@@ -59,11 +59,15 @@ class FsObserver {
     (void)op, (void)path;
     return 0;
   }
-  virtual void MadeDir(const std::string& path) = 0;
-  virtual void CreatedFile(const std::string& path) = 0;
-  virtual void Synced(const std::string& path) = 0;  // fsync or fdatasync of a file or directory
-  virtual void Renamed(const std::string& from, const std::string& to, bool exchange) = 0;
-  virtual void Removed(const std::string& path) = 0;  // unlink or rmdir
+  // Each change, after it is made; an observer overrides what it follows.
+  virtual void MadeDir(const std::string& path) { (void)path; }
+  virtual void CreatedFile(const std::string& path) { (void)path; }
+  // fsync or fdatasync of a file or directory
+  virtual void Synced(const std::string& path) { (void)path; }
+  virtual void Renamed(const std::string& from, const std::string& to, bool exchange) {
+    (void)from, (void)to, (void)exchange;
+  }
+  virtual void Removed(const std::string& path) { (void)path; }  // unlink or rmdir
   // A shard's data is written (not yet synced): with O_DIRECT or not, and
   // how many of its bytes went through bounce buffers on the way.
   virtual void Wrote(const std::string& path, bool direct, uint64_t bounced) { (void)path, (void)direct, (void)bounced; }

@@ -37,11 +37,6 @@ class FailingDisk final : public storage::FsObserver {
     fired_ = true;
     return err_;
   }
-  void MadeDir(const std::string&) override {}
-  void CreatedFile(const std::string&) override {}
-  void Synced(const std::string&) override {}
-  void Renamed(const std::string&, const std::string&, bool) override {}
-  void Removed(const std::string&) override {}
 
  private:
   std::mutex mu_;

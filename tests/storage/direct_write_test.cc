@@ -159,11 +159,6 @@ class WriteLog final : public storage::FsObserver {
     std::lock_guard lock(mu_);
     return writes_;
   }
-  void MadeDir(const std::string&) override {}
-  void CreatedFile(const std::string&) override {}
-  void Synced(const std::string&) override {}
-  void Renamed(const std::string&, const std::string&, bool) override {}
-  void Removed(const std::string&) override {}
 
  private:
   std::mutex mu_;
