@@ -66,7 +66,11 @@ bool RecycleSync(int dirfd, int fd, const std::string& dir, const std::string& e
                  std::vector<BinFile>* bin) {
   if (!std::string_view(entry).ends_with(kRecycledSuffix)) return false;
   struct stat st;
-  if (::fstatat(fd, entry.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return false;
+  // A file with another name (a backup made with hard links) must keep its
+  // bytes: delete our name only.
+  if (::fstatat(fd, entry.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    return false;
+  }
   if (::mkdirat(dirfd, kRecycleDir, 0755) == 0) {
     if (observer != nullptr) observer->MadeDir(kRecycleDir);
   } else if (errno != EEXIST) {
@@ -77,6 +81,20 @@ bool RecycleSync(int dirfd, int fd, const std::string& dir, const std::string& e
   if (::renameat2(fd, entry.c_str(), dirfd, to.c_str(), RENAME_NOREPLACE) != 0) return false;
   if (observer != nullptr) observer->Renamed(dir + "/" + entry, to, /*exchange=*/false);
   bin->push_back({name, static_cast<uint64_t>(st.st_size)});
+  return true;
+}
+
+// Whether the recycled file open as `fd` is ours alone, so overwriting it
+// harms nobody: no other name (hard link) and no other open file (a reader
+// in another process that opened the pruned checkpoint before the prune,
+// whose reads must go on seeing the old bytes). A write lease is granted
+// only while no other open file refers to the inode; where leases are not
+// supported (NFS), nothing is proven: false.
+bool OnlyOpener(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) return false;
+  if (::fcntl(fd, F_SETLEASE, F_WRLCK) != 0) return false;
+  (void)::fcntl(fd, F_SETLEASE, F_UNLCK);
   return true;
 }
 
@@ -503,7 +521,7 @@ LocalWriter::~LocalWriter() = default;
 Task<Result<File>> LocalWriter::OpenForWrite(std::string name, bool* direct, bool recycled) {
   Loop& loop = storage_->loop();
   // A recycled file is already in place; it is overwritten, then cut to size.
-  const int base = recycled ? O_WRONLY : O_WRONLY | O_CREAT | (shared_ ? O_TRUNC : O_EXCL);
+  const int base = recycled ? O_WRONLY | O_NOFOLLOW : O_WRONLY | O_CREAT | (shared_ ? O_TRUNC : O_EXCL);
   if (*direct) {
     auto f = co_await loop.OpenAt(tmp_dir_.fd(), name, base | O_DIRECT);
     if (f.ok() || f.status().sys_errno() != EINVAL ||
@@ -513,7 +531,7 @@ Task<Result<File>> LocalWriter::OpenForWrite(std::string name, bool* direct, boo
     // The file system refuses O_DIRECT (the failed open may already have
     // created the file, hence O_TRUNC rather than O_EXCL): write buffered.
     *direct = false;
-    co_return co_await loop.OpenAt(tmp_dir_.fd(), name, recycled ? O_WRONLY : O_WRONLY | O_CREAT | O_TRUNC);
+    co_return co_await loop.OpenAt(tmp_dir_.fd(), name, recycled ? O_WRONLY | O_NOFOLLOW : O_WRONLY | O_CREAT | O_TRUNC);
   }
   co_return co_await loop.OpenAt(tmp_dir_.fd(), name, base);
 }
@@ -567,7 +585,19 @@ Task<Status> LocalWriter::WriteFile(const FileImage* image) {
   if (!shared_) recycled = co_await storage_->TakeRecycled(&tmp_dir_, tmp_name_, image->name, image->size);
   const std::string rel = tmp_name_ + "/" + image->name;
   if (recycled) created_.push_back(image->name);
-  CO_ASSIGN_OR_RETURN(File f, co_await OpenForWrite(image->name, &direct, recycled));
+  Result<File> opened = co_await OpenForWrite(image->name, &direct, recycled);
+  if (recycled && opened.ok() && !OnlyOpener(opened->fd())) {
+    // Someone else still holds the pruned file: leave it its bytes (our
+    // name goes; the inode lives on while they hold it) and write a new one.
+    File taken = std::move(opened).value();
+    CO_TRY(co_await storage_->loop().Close(taken));
+    CO_TRY(co_await storage_->loop().UnlinkAt(tmp_dir_.fd(), image->name));
+    if (storage_->observer() != nullptr) storage_->observer()->Removed(rel);
+    created_.pop_back();
+    recycled = false;
+    opened = co_await OpenForWrite(image->name, &direct, recycled);
+  }
+  CO_ASSIGN_OR_RETURN(File f, std::move(opened));
   const bool gather = direct && !aligned;
   if (!recycled) {
     created_.push_back(image->name);

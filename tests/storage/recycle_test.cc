@@ -3,7 +3,9 @@
 // (the same inodes) instead of allocating new ones; on the real file system.
 
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -145,6 +147,30 @@ TEST_CASE("with io.recycle false, and for Delete, pruned files are deleted") {
   REQUIRE((*m)->Delete(3).ok());
   CHECK_FALSE(fs::exists(dir / "checkpoint_3"));
   CHECK(Files(dir / ".recycle") == 0);
+}
+
+TEST_CASE("a pruned shard that another name or an open file still holds keeps its bytes") {
+  TempDir dir;
+  auto m = CheckpointManager::Open(dir.path(), RecycleOptions());
+  REQUIRE(m.ok());
+  for (int64_t step = 1; step <= 2; ++step) SaveStep(**m, step, 2, 256 * 1024);
+  // A backup of shard 0 made with a hard link, and a reader (another open
+  // file; in another process it would be the same) holding shard 1.
+  const std::string shard0 = dir / "checkpoint_1/shard-00000.safetensors";
+  const std::string shard1 = dir / "checkpoint_1/shard-00001.safetensors";
+  const std::string backup = dir / "backup-shard-00000.safetensors";
+  fs::create_hard_link(shard0, backup);
+  const std::string backup_bytes = testing::ReadWholeFile(backup);
+  const std::string held_bytes = testing::ReadWholeFile(shard1);
+  int held = ::open(shard1.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(held >= 0);
+  for (int64_t step = 3; step <= 6; ++step) SaveStep(**m, step, 2, 256 * 1024);
+  CHECK(testing::ReadWholeFile(backup) == backup_bytes);
+  std::string now(held_bytes.size(), '\0');
+  CHECK(::pread(held, now.data(), now.size(), 0) == static_cast<ssize_t>(now.size()));
+  ::close(held);
+  CHECK(now == held_bytes);
+  for (int64_t step : {5, 6}) CheckRestores(**m, step, 2, 256 * 1024);
 }
 
 TEST_CASE("a new writer takes the files an earlier one left in the bin") {
