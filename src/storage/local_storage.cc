@@ -249,7 +249,10 @@ class LocalStorage final : public Storage {
 
   // Recycling needs the writer lock: only the one writer moves files in
   // and out of the bin. bin_ is touched on the loop thread only.
-  bool recycling() const { return options_.recycle && lock_fd_.valid(); }
+  // Not in a multi-host job: the committing process prunes every process's
+  // shards but would reuse only its own, so the bin would never empty.
+  bool recycling() const { return options_.recycle && lock_fd_.valid() && !multihost_; }
+  bool multihost_ = false;  // a shared checkpoint was started
   // Renames checkpoint `name` to a tmp-del name, durably: it is gone for
   // readers. Returns that name.
   Task<Result<std::string>> Hide(std::string name);
@@ -386,6 +389,7 @@ Task<Result<std::unique_ptr<CheckpointWriter>>> LocalStorage::StartCheckpoint(st
                                                                               bool shared) {
   // A shared checkpoint's tmp dir has a name every process can compute.
   std::string tmp = name + kTmpMarker + (shared ? std::string("shared") : Nonce());
+  if (shared) multihost_ = true;
   Status made = co_await loop_.MkdirAt(root_dir_.fd(), tmp, 0755);
   if (!(shared && made.sys_errno() == EEXIST)) {
     CO_TRY(made);

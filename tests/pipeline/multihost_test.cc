@@ -83,6 +83,9 @@ TEST_CASE("four processes commit one checkpoint; it restores bit-exact on four a
   auto m = CheckpointManager::OpenReadOnly(dir.path(), {});
   REQUIRE(m.ok());
   CHECK((*m)->AllSteps() == std::vector<int64_t>{11, 12});  // process 0 pruned step 10
+  // Deleted, not recycled: in a multi-host job no process would reuse the
+  // other processes' shard files.
+  CHECK_FALSE(fs::exists(dir / ".recycle"));
   auto info = (*m)->Info(12);
   REQUIRE(info.ok());
   CHECK(info->tensors == 12);  // 4 processes x 3 tensors, one manifest
