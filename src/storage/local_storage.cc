@@ -193,7 +193,7 @@ class LocalStorage final : public Storage {
       : loop_(loop), pool_(pool), root_(std::move(root)), root_dir_(std::move(root_dir)),
         options_(options), depth_(std::max(options.queue_depth, 1)) {}
   ~LocalStorage() override {
-    if (bounce_ != nullptr) ::munmap(bounce_, bounce_bytes_);
+    if (bounce_ != nullptr) ::munmap(bounce_, BounceBytes());
   }
 
   const std::string& root() const override { return root_; }
@@ -265,8 +265,9 @@ class LocalStorage final : public Storage {
   struct GatherState;
   Task<Status> MapBounce();
   Task<void> GatherLane(GatherState* g);
+  size_t BounceCount() const { return static_cast<size_t>(std::max(options_.queue_depth, 1)); }
+  size_t BounceBytes() const { return BounceCount() * options_.block_size; }
   char* bounce_ = nullptr;
-  size_t bounce_bytes_ = 0;
   std::vector<char*> free_bounce_;
   bool bounce_mapping_ = false;
   runtime::AsyncEvent bounce_mapped_;
@@ -285,8 +286,7 @@ Task<Status> LocalStorage::MapBounce() {
     co_await bounce_mapped_.Wait();
   } else {
     bounce_mapping_ = true;
-    const size_t count = static_cast<size_t>(std::max(options_.queue_depth, 1));
-    const size_t bytes = count * options_.block_size;
+    const size_t bytes = BounceBytes();
     // mmap, not the heap: aligned, and the pages are touched here on a pool
     // thread rather than by the first copies into them.
     auto map = [bytes]() -> char* {
@@ -299,14 +299,12 @@ Task<Status> LocalStorage::MapBounce() {
     char* p = co_await pool_.Run(map);
     if (p != nullptr) {
       bounce_ = p;
-      bounce_bytes_ = bytes;
-      for (size_t i = 0; i < count; ++i) free_bounce_.push_back(p + i * options_.block_size);
+      for (size_t i = 0; i < BounceCount(); ++i) free_bounce_.push_back(p + i * options_.block_size);
     }
     bounce_mapped_.Set();
   }
   if (bounce_ == nullptr) {
-    const size_t bytes = static_cast<size_t>(std::max(options_.queue_depth, 1)) * options_.block_size;
-    co_return ResourceExhaustedError("cannot map " + std::to_string(bytes) +
+    co_return ResourceExhaustedError("cannot map " + std::to_string(BounceBytes()) +
                                      " bytes of bounce buffers (io.queue_depth x io.block_size) for O_DIRECT "
                                      "writes of tensors that are not 4 KiB-aligned, under " + root_);
   }
@@ -452,7 +450,7 @@ Task<Status> LocalStorage::Remove(std::string name) {
 Task<Status> LocalStorage::Prune(std::string name) {
   // The bin holds one pruned checkpoint's files at most: while the saves
   // after it have not taken them all, prune by deleting.
-  if (!recycling() || !bin_.empty() || name.find(kTmpMarker) != std::string::npos) {
+  if (!recycling() || !bin_.empty()) {
     co_return co_await Remove(std::move(name));
   }
   CO_ASSIGN_OR_RETURN(std::string doomed, co_await Hide(name));
