@@ -40,8 +40,15 @@ all: build
 deps:
 	@.ci/ensure-deps.sh $(APT_PACKAGES)
 
-$(BUILD)/build.ninja:
-	meson setup $(BUILD) --buildtype=debugoptimized
+# The build is always configured with the venv's Python, so the Python module (build/python) is
+# built whichever of demo, build or test ran first. A build dir configured otherwise (by an
+# older checkout) is reconfigured once: the stamp records the interpreter it was given.
+$(BUILD)/build.ninja: | $(VENV)/.build-installed
+	meson setup $(BUILD) --buildtype=debugoptimized -Dpython_interpreter=$(CURDIR)/$(PYTHON)
+
+$(BUILD)/.python-configured: $(VENV)/.build-installed | $(BUILD)/build.ninja
+	meson configure $(BUILD) -Dpython_interpreter=$(CURDIR)/$(PYTHON)
+	touch $@
 
 # -O0 so the tests also cover the debug build (stack depth of synchronous
 # completions), with AddressSanitizer and UndefinedBehaviorSanitizer.
@@ -55,15 +62,21 @@ $(TSAN_BUILD)/build.ninja:
 $(FUZZ_BUILD)/build.ninja:
 	CXX=clang++ meson setup $(FUZZ_BUILD) tests/fuzz
 
-# Python packages for the integration tests (numpy, safetensors, ...), from PyPI.
-$(VENV)/.installed: tests/requirements.txt
+# The venv: first what building and importing the Python module needs (pybind11, numpy,
+# ml_dtypes: python/requirements.txt), for every build; then, for the tests, the packages
+# of tests/requirements.txt (the GCS emulator, jax, ...). From PyPI.
+$(VENV)/.build-installed: python/requirements.txt | deps
 	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r python/requirements.txt
+	touch $@
+
+$(VENV)/.installed: tests/requirements.txt $(VENV)/.build-installed
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
 	touch $@
 
 venv: deps $(VENV)/.installed
 
-build: deps $(BUILD)/build.ninja
+build: deps $(BUILD)/build.ninja $(BUILD)/.python-configured
 	ninja -C $(BUILD)
 
 build-asan: deps $(ASAN_BUILD)/build.ninja
