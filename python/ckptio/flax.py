@@ -40,6 +40,7 @@ import re
 import threading
 from collections.abc import Mapping
 
+from . import _ckptio
 from ._errors import CkptioError
 from ._manager import CheckpointManager
 
@@ -103,8 +104,13 @@ def configure(config=None, **options):
 
 
 def _normpath(path):
-    """flax's safe_normpath: os.path.normpath keeping a URL scheme."""
-    d = _SCHEME_RE.match(os.fspath(path)).groupdict()
+    """flax's safe_normpath (os.path.normpath keeping a URL scheme) of a
+    directory ckptio accepts as a root; anything else (s3://, gcs://, gs:/b,
+    a bare gs://) raises InvalidArgumentError (a ValueError) naming the
+    accepted forms, before anything is written."""
+    path = os.fspath(path)
+    _ckptio.parse_root(path)
+    d = _SCHEME_RE.match(path).groupdict()
     return (d["scheme"] or "") + os.path.normpath(d["path"])
 
 

@@ -41,6 +41,7 @@
 #include "config/config.h"
 #include "config/knobs.h"
 #include "format/dtype.h"
+#include "storage/open_storage.h"
 
 namespace py = pybind11;
 
@@ -559,6 +560,15 @@ PYBIND11_MODULE(_ckptio, m) {
     return ckptio::format::DTypeSize(ckptio::python::Take(ckptio::format::ParseDType(name)));
   });
   m.def("default_options_json", [] { return ckptio::config::ToJson(ckptio::Options{}); });
+  // ("local", "/abs/path") or ("gcs", "gs://bucket/prefix"); InvalidArgumentError naming
+  // the accepted forms for anything else (an unknown scheme, a bad bucket, ...).
+  m.def(
+      "parse_root",
+      [](const std::string& text) {
+        ckptio::storage::RootUrl url = ckptio::python::Take(ckptio::storage::ParseRootUrl(text));
+        return py::make_tuple(url.kind == ckptio::storage::RootUrl::Kind::kGcs ? "gcs" : "local", url.path);
+      },
+      py::arg("root"));
 
   py::class_<PySaveHandle>(m, "SaveHandle")
       .def_property_readonly("step", &PySaveHandle::step)

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "config/config.h"
+#include "storage/open_storage.h"
 
 namespace ckptio::cli {
 
@@ -65,8 +66,9 @@ Options ReadOnlyOptions(Options options) {
 }
 
 Result<std::unique_ptr<CheckpointManager>> OpenExistingRoot(const std::string& root, Options options, bool read_only) {
-  std::string path = root.rfind("file://", 0) == 0 ? root.substr(7) : root;
-  if (path.rfind("gs://", 0) != 0 && !path.empty()) {
+  ASSIGN_OR_RETURN(storage::RootUrl url, storage::ParseRootUrl(root));
+  if (url.kind == storage::RootUrl::Kind::kLocal) {
+    const std::string& path = url.path;
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) {
       int err = errno;

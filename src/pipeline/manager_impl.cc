@@ -13,8 +13,7 @@
 #include "pipeline/sigterm.h"
 #include "pipeline/snapshot.h"
 #include "runtime/spawn.h"
-#include "storage/gcs_storage.h"
-#include "storage/local_storage.h"
+#include "storage/open_storage.h"
 
 namespace ckptio::pipeline {
 namespace {
@@ -50,10 +49,8 @@ void SaveState::Finish(Status s) {
 
 Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options options, bool read_only,
                                                        std::shared_ptr<Barrier> barrier) {
-  if (root.rfind("file://", 0) == 0) root = root.substr(7);
-  if (root.empty()) return InvalidArgumentError("checkpoint root is empty");
-  while (root.size() > 1 && root.back() == '/') root.pop_back();
-  std::unique_ptr<ManagerImpl> m(new ManagerImpl(root, std::move(options)));
+  ASSIGN_OR_RETURN(storage::RootUrl url, storage::ParseRootUrl(root));
+  std::unique_ptr<ManagerImpl> m(new ManagerImpl(std::move(url), std::move(options)));
   m->read_only_ = read_only;
   if (!m->options_.trace.path.empty()) m->tracer_ = std::make_unique<runtime::Tracer>(m->options_.trace.path);
   m->pool_ = std::make_unique<runtime::CpuPool>(static_cast<size_t>(std::max(m->options_.threads, 0)));
@@ -101,12 +98,7 @@ Task<void> ManagerImpl::SetLoopTracer() {
 }
 
 Task<Status> ManagerImpl::OpenStorage(bool create) {
-  if (root_.rfind("gs://", 0) == 0) {
-    CO_ASSIGN_OR_RETURN(storage_, co_await storage::OpenGcsStorage(loop(), root_, options_.gcs));
-    co_return Status::Ok();
-  }
-  storage::LocalOptions lo{options_.io.direct, options_.io.block_size, options_.io.queue_depth, options_.io.recycle};
-  CO_ASSIGN_OR_RETURN(storage_, co_await storage::OpenLocalStorage(loop(), *pool_, root_, lo, create));
+  CO_ASSIGN_OR_RETURN(storage_, co_await storage::OpenStorage(loop(), *pool_, url_, options_, create));
   co_return Status::Ok();
 }
 

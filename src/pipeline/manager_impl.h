@@ -28,6 +28,7 @@
 #include "runtime/cpu_pool.h"
 #include "runtime/loop.h"
 #include "runtime/trace.h"
+#include "storage/open_storage.h"
 #include "storage/storage.h"
 
 namespace ckptio::pipeline {
@@ -96,7 +97,7 @@ class ManagerImpl {
   ManagerStats stats() const;
 
  private:
-  ManagerImpl(std::string root, Options options) : options_(std::move(options)), root_(std::move(root)) {}
+  ManagerImpl(storage::RootUrl url, Options options) : options_(std::move(options)), url_(std::move(url)), root_(url_.path) {}
   runtime::Loop& loop() { return loop_thread_->loop(); }
   std::string StepName(int64_t step) const { return options_.prefix + std::to_string(step); }
 
@@ -146,7 +147,8 @@ class ManagerImpl {
   Task<Status> OpenStorage(bool create);
 
   Options options_;
-  std::string root_;
+  storage::RootUrl url_;
+  std::string root_;  // url_.path: an absolute path or gs://bucket/prefix, for messages
   std::unique_ptr<runtime::CpuPool> pool_;
   std::unique_ptr<runtime::LoopThread> loop_thread_;
   std::unique_ptr<storage::Storage> storage_;  // used on the loop thread only

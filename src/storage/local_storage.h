@@ -75,7 +75,4 @@ class FsObserver {
 // Installs the observer of every LocalStorage opened afterwards (null: none).
 void SetFsObserverForTesting(FsObserver* observer);
 
-// The marker of in-flight or half-removed checkpoint directories.
-inline constexpr const char* kTmpMarker = ".tmp-";
-
 }  // namespace ckptio::storage

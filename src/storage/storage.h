@@ -78,6 +78,10 @@ class ReadableFile {
   virtual Task<Status> ReadAt(uint64_t offset, char* dst, size_t len) = 0;
 };
 
+// The marker of in-flight or half-removed checkpoint names ("checkpoint_300.tmp-1f2e..."):
+// never a committed checkpoint, debris once its writer is gone.
+inline constexpr const char* kTmpMarker = ".tmp-";
+
 // One checkpoint-like name under the root.
 struct Entry {
   std::string name;        // "checkpoint_200", "checkpoint_300.tmp-1f2e..."

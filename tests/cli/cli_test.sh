@@ -166,7 +166,8 @@ check "exported tensor bytes equal the checkpoint's" cmp -s shard.data e1.data
 
 run save R2 --step 1 --from e1.safetensors
 check "save of the export exits 0" rc_is 0
-check "save reports step, tensors and bytes" out_has '^saved step 1 to R2: 100 tensors from 1 files, 64\.0 MiB in'
+check "save reports step, tensors and bytes, and the root's absolute path" \
+  out_has "^saved step 1 to $T/R2: 100 tensors from 1 files, 64\\.0 MiB in"
 check "save prints no progress bar when not a terminal" err_plain
 run verify R2
 check "the imported checkpoint verifies" eval 'rc_is 0 && out_has "^step 1: OK"'
@@ -211,6 +212,18 @@ check "save of a missing file exits 1 and names it" eval 'rc_is 1 && err_has "mi
 check "failed saves committed nothing" eval '[ ! -d R5 ] || [ -z "$(ls R5)" ]'
 run save R5 --step 1 --from a.safetensors --metadata '[1,2]'
 check "save with non-object metadata exits 1" eval 'rc_is 1 && err_has "metadata must be a JSON object"'
+
+echo "== roots that look like URLs"
+for root in gcs://b/run s3://b/run gs:/b/run gs:// gs://UPPER/run; do
+  run save "$root" --step 1 --from a.safetensors
+  check "save to $root exits 1 and names the accepted forms" \
+    eval 'rc_is 1 && err_has "bad checkpoint root \"$root\".*gs://BUCKET\[/PREFIX\]"'
+  run ls "$root"
+  check "ls of $root exits 1" eval 'rc_is 1 && err_has "bad checkpoint root"'
+done
+check "no save to a URL-like root wrote anything" eval '[ ! -e gcs: ] && [ ! -e s3: ] && [ ! -e gs: ]'
+run save ./gcs:/b/run --step 1 --from a.safetensors
+check "./gcs:/b/run is a local directory" eval 'rc_is 0 && [ -f "gcs:/b/run/checkpoint_1/manifest.json" ]'
 
 echo "== usage errors"
 run
