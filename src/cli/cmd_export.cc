@@ -4,7 +4,9 @@
 // safetensors file: header padded to a multiple of 8 (safetensors requires
 // it), tensors contiguous in saved order, written durably via FILE.tmp.
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <vector>
 
 #include "cli/commands.h"
@@ -15,6 +17,8 @@
 
 namespace ckptio::cli {
 namespace {
+
+namespace fs = std::filesystem;
 
 constexpr size_t kHeaderAlign = 8;
 
@@ -51,10 +55,28 @@ Status Write(const RestoredCheckpoint& ckpt, const std::string& out, uint64_t* b
   return s;
 }
 
+// The export must not land inside the checkpoint root: it would overwrite
+// (or add to) files that ckptio owns there, such as a step's manifest.json.
+Status CheckOutsideRoot(const std::string& out, const CheckpointManager& manager) {
+  if (manager.root().rfind("gs://", 0) == 0) return Status::Ok();
+  std::error_code ec;
+  const fs::path root = fs::canonical(manager.root(), ec);
+  if (ec) return Status::Ok();  // opening the root worked; reading it will say what is wrong
+  fs::path parent = fs::absolute(fs::path(out), ec).parent_path();
+  const fs::path resolved = fs::weakly_canonical(parent, ec);
+  if (ec) return Status::Ok();  // the write names the missing directory
+  auto [r, p] = std::mismatch(root.begin(), root.end(), resolved.begin(), resolved.end());
+  if (r != root.end()) return Status::Ok();
+  return InvalidArgumentError("--out " + fs::absolute(fs::path(out)).string() + " is inside the checkpoint root " +
+                              manager.root() + ": write the export somewhere else (it would overwrite or add to "
+                              "files ckptio owns)");
+}
+
 Status Export(const Args& args) {
   const std::string out = *args.Get("out");  // required: the parser checked
   ASSIGN_OR_RETURN(std::optional<int64_t> step, StepFlag(args));
   ASSIGN_OR_RETURN(auto manager, OpenRootForReading(args));
+  RETURN_IF_ERROR(CheckOutsideRoot(out, *manager));
   const Clock::time_point start = Clock::now();
   ASSIGN_OR_RETURN(RestoredCheckpoint ckpt, Read(*manager, step));
   uint64_t bytes = 0;

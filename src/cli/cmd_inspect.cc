@@ -25,12 +25,19 @@ void PrintInfo(const CheckpointInfo& info, int step_width) {
               Plural(info.tensors, "tensor").c_str());
 }
 
-// Verifies one step; prints its line or its error.
-int VerifyOne(CheckpointManager& manager, int64_t step) {
+// Verifies one step; prints its line or its error. `listed`: the step came
+// from the root's listing, so its absence now means another process pruned
+// it meanwhile, which is no failure of the checkpoints that remain.
+int VerifyOne(CheckpointManager& manager, int64_t step, bool listed) {
   const Clock::time_point start = Clock::now();
   ProgressBar bar("verify step " + std::to_string(step));
   auto report = manager.Verify(step, bar.AsProgressFn());
   bar.Finish();
+  if (listed && report.status().code() == StatusCode::kNotFound) {
+    std::printf("step %lld: pruned while being verified (skipped)\n", static_cast<long long>(step));
+    std::fflush(stdout);
+    return kExitOk;
+  }
   if (!report.ok()) return Report(report.status().WithContext("step " + std::to_string(step)));
   std::printf("step %lld: OK, %s in %s\n", static_cast<long long>(step), HumanBytes(report->bytes_read).c_str(),
               HumanSeconds(SecondsSince(start)).c_str());
@@ -49,6 +56,10 @@ int ListSteps(CheckpointManager& manager) {
     auto info = manager.Info(step);
     if (info.ok()) {
       PrintInfo(*info, width);
+    } else if (info.status().code() == StatusCode::kNotFound) {
+      // Pruned by a writer since the listing: not an error of this root.
+      std::fflush(stdout);
+      std::fprintf(stderr, "ckptio: step %lld was pruned while being listed\n", static_cast<long long>(step));
     } else {
       rc = std::max(rc, Report(info.status().WithContext("step " + std::to_string(step))));
     }
@@ -58,11 +69,13 @@ int ListSteps(CheckpointManager& manager) {
 }
 
 int VerifySteps(CheckpointManager& manager, std::optional<int64_t> step) {
-  if (step) return VerifyOne(manager, *step);
+  if (step) return VerifyOne(manager, *step, /*listed=*/false);
   const std::vector<int64_t> steps = manager.AllSteps();
-  if (steps.empty()) std::fprintf(stderr, "ckptio: no committed checkpoints in %s\n", manager.root().c_str());
+  if (steps.empty()) {
+    return Report(NotFoundError("no committed checkpoint in " + manager.root() + ": nothing to verify"));
+  }
   int rc = kExitOk;
-  for (int64_t s : steps) rc = std::max(rc, VerifyOne(manager, s));
+  for (int64_t s : steps) rc = std::max(rc, VerifyOne(manager, s, /*listed=*/true));
   return rc;
 }
 
@@ -79,7 +92,8 @@ int RunLs(CommandArgs argv) {
 int RunVerify(CommandArgs argv) {
   ArgParser parser("verify", "ROOT",
                    "Re-read every byte of every committed step (or of --step N) and check every CRC32C.\n"
-                   "Exit status 2 if any step fails.");
+                   "Exit status 2 if any step fails; 1 if there is no committed step (or no step N). A step\n"
+                   "that another process prunes meanwhile is reported as pruned, not as a failure.");
   parser.Positional("ROOT", "checkpoint root directory").Flag("step", "N", "verify only step N");
   Args args;
   if (auto rc = ParseOrExit(parser, argv, &args)) return *rc;

@@ -30,8 +30,10 @@ struct Inputs {
 };
 
 // Adds one input's tensors and metadata, refusing a name that an earlier
-// input already holds (a checkpoint's names are unique).
-Status AddInput(SafetensorsInput input, Inputs* in, std::map<std::string, std::string>* owner) {
+// input already holds (a checkpoint's names are unique). With
+// `merge_metadata` false (--metadata given), the inputs' __metadata__ is not
+// merged, so it may differ between them.
+Status AddInput(SafetensorsInput input, Inputs* in, std::map<std::string, std::string>* owner, bool merge_metadata) {
   const std::string& path = input.file.path();
   for (TensorRef& t : TensorRefsOf(input)) {
     auto [it, inserted] = owner->emplace(t.name, path);
@@ -42,6 +44,7 @@ Status AddInput(SafetensorsInput input, Inputs* in, std::map<std::string, std::s
     in->tensors.push_back(std::move(t));
   }
   for (const auto& [key, value] : input.header.metadata) {
+    if (!merge_metadata) break;
     auto [it, inserted] = in->metadata.emplace(key, value);
     if (!inserted && it->second != value) {
       return InvalidArgumentError("__metadata__ key \"" + key + "\" differs between the --from files (" + path +
@@ -54,12 +57,12 @@ Status AddInput(SafetensorsInput input, Inputs* in, std::map<std::string, std::s
   return Status::Ok();
 }
 
-Result<Inputs> OpenInputs(const std::vector<std::string>& paths) {
+Result<Inputs> OpenInputs(const std::vector<std::string>& paths, bool merge_metadata) {
   Inputs in;
   std::map<std::string, std::string> owner;  // tensor name -> file
   for (const std::string& path : paths) {
     ASSIGN_OR_RETURN(SafetensorsInput input, OpenSafetensors(path));
-    RETURN_IF_ERROR(AddInput(std::move(input), &in, &owner));
+    RETURN_IF_ERROR(AddInput(std::move(input), &in, &owner, merge_metadata));
   }
   return in;
 }
@@ -87,8 +90,9 @@ Status WaitWithProgress(const SaveHandle& handle) {
 Status Save(const Args& args) {
   ASSIGN_OR_RETURN(std::optional<int64_t> step, StepFlag(args));
   ASSIGN_OR_RETURN(Options options, LoadOptions(args));
-  ASSIGN_OR_RETURN(Inputs in, OpenInputs(args.GetAll("from")));
-  std::string metadata = args.Get("metadata").value_or(MetadataJson(in.metadata));
+  const std::optional<std::string> given_metadata = args.Get("metadata");
+  ASSIGN_OR_RETURN(Inputs in, OpenInputs(args.GetAll("from"), /*merge_metadata=*/!given_metadata));
+  std::string metadata = given_metadata.value_or(MetadataJson(in.metadata));
   options.snapshot = SnapshotMode::kBorrow;
   options.staging_memory = PrefixStaging(in, options);
   options.io.register_buffers = false;

@@ -1,12 +1,17 @@
 #include "cli/files.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
 #include <utility>
 
 #include "runtime/unique_fd.h"
@@ -59,10 +64,77 @@ Status WriteTmp(const std::string& tmp, std::span<const std::span<const std::byt
   return Status::Ok();
 }
 
+// The live mappings, for the SIGBUS handler: fixed slots it can read
+// without locks or allocation (async-signal-safe).
+struct MappingSlot {
+  std::atomic<uintptr_t> begin{0};  // 0: free
+  std::atomic<uintptr_t> end{0};
+  char path[512] = {};
+};
+constexpr size_t kMappingSlots = 256;
+MappingSlot g_mappings[kMappingSlots];
+std::mutex g_mappings_mu;  // serializes Register/Unregister (never the handler)
+
+void WriteStderr(const char* s) {
+  size_t n = std::strlen(s);
+  while (n > 0) {
+    ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void OnSigbus(int sig, siginfo_t* info, void*) {
+  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (const MappingSlot& m : g_mappings) {
+    const uintptr_t begin = m.begin.load(std::memory_order_acquire);
+    if (begin != 0 && addr >= begin && addr < m.end.load(std::memory_order_acquire)) {
+      WriteStderr("ckptio: ");
+      WriteStderr(m.path);
+      WriteStderr(" shrank while it was being read (truncated by another process?): nothing was committed\n");
+      ::_exit(1);  // kExitUsage: the input is not what it was
+    }
+  }
+  // Not one of our inputs: a real fault. Crash as the default action would.
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+// Returns the slot of [data, data + size) for Unregister, or -1 if all are
+// taken (the mapping then goes unprotected: a SIGBUS stays a crash).
+int RegisterMapping(const std::string& path, const uint8_t* data, size_t size) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = OnSigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, nullptr);
+  });
+  std::lock_guard lock(g_mappings_mu);
+  for (size_t i = 0; i < kMappingSlots; ++i) {
+    MappingSlot& m = g_mappings[i];
+    if (m.begin.load() != 0) continue;
+    std::snprintf(m.path, sizeof m.path, "%s", path.c_str());
+    m.end.store(reinterpret_cast<uintptr_t>(data) + size, std::memory_order_release);
+    m.begin.store(reinterpret_cast<uintptr_t>(data), std::memory_order_release);
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void UnregisterMapping(int slot) {
+  if (slot < 0) return;
+  std::lock_guard lock(g_mappings_mu);
+  g_mappings[slot].begin.store(0, std::memory_order_release);
+}
+
 }  // namespace
 
 Result<MappedFile> MappedFile::Open(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (!fd.valid()) return ErrnoToStatus(errno, "open", path);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, "stat", path);
@@ -71,13 +143,16 @@ Result<MappedFile> MappedFile::Open(const std::string& path) {
   if (size == 0) return MappedFile(path, nullptr, 0);
   void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
   if (p == MAP_FAILED) return ErrnoToStatus(errno, "mmap", path);
-  return MappedFile(path, static_cast<const uint8_t*>(p), size);
+  MappedFile file(path, static_cast<const uint8_t*>(p), size);
+  file.slot_ = RegisterMapping(path, file.data_, size);
+  return file;
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)),
       data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+      size_(std::exchange(other.size_, 0)),
+      slot_(std::exchange(other.slot_, -1)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
@@ -85,6 +160,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     path_ = std::move(other.path_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    slot_ = std::exchange(other.slot_, -1);
   }
   return *this;
 }
@@ -92,6 +168,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 MappedFile::~MappedFile() { Unmap(); }
 
 void MappedFile::Unmap() {
+  UnregisterMapping(std::exchange(slot_, -1));
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
   data_ = nullptr;
   size_ = 0;

@@ -16,7 +16,16 @@ namespace ckptio::cli {
 // A whole file mapped read-only (MAP_PRIVATE, so later writes by others to
 // the file are not promised to stay invisible: the caller treats the bytes as
 // untrusted and reads them while it holds the mapping). Move-only; unmaps on
-// destruction. An empty file maps to an empty span.
+// destruction. An empty file maps to an empty span. Only a regular file is
+// mapped (a FIFO is refused without waiting for a writer).
+//
+// A file that another process truncates while it is mapped raises SIGBUS at
+// the next read of its lost pages, on whichever thread reads them. While any
+// MappedFile is alive, a SIGBUS inside one of them ends the process with
+// "ckptio: FILE shrank while it was being read ..." and exit status 1
+// (kExitUsage) instead of a crash; a SIGBUS elsewhere stays a crash. The
+// checkpoint being written is then never committed (its tmp directory is
+// debris that the next writer removes).
 class MappedFile {
  public:
   static Result<MappedFile> Open(const std::string& path);
@@ -36,6 +45,7 @@ class MappedFile {
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  int slot_ = -1;  // in the SIGBUS handler's table of mappings
 };
 
 // Called with (bytes written so far, total bytes).

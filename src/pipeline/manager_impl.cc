@@ -1,5 +1,7 @@
 #include "pipeline/manager_impl.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -26,7 +28,9 @@ constexpr size_t kCrcChunk = size_t{8} << 20;
 
 std::string FormatBytes(uint64_t n) {
   char buf[64];
-  if (n >= (uint64_t{1} << 30)) {
+  if (n >= (uint64_t{1} << 40)) {
+    std::snprintf(buf, sizeof buf, "%.2f TiB", n / double(uint64_t{1} << 40));
+  } else if (n >= (uint64_t{1} << 30)) {
     std::snprintf(buf, sizeof buf, "%.2f GiB", n / double(uint64_t{1} << 30));
   } else {
     std::snprintf(buf, sizeof buf, "%.2f MiB", n / double(1 << 20));
@@ -35,6 +39,28 @@ std::string FormatBytes(uint64_t n) {
 }
 
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A restore into memory of a checkpoint larger than the machine's memory
+// (a manifest can declare any size; its shard may be a sparse file) fails
+// up front, naming the largest tensor, instead of in the allocator.
+Status CheckFitsInMemory(const format::Manifest& m, const std::string& path) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0 || m.tensors.empty()) return Status::Ok();
+  const uint64_t memory = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+  uint64_t total = 0;
+  const format::ManifestTensor* largest = &m.tensors[0];
+  for (const format::ManifestTensor& t : m.tensors) {
+    total += t.bytes;
+    if (t.bytes > largest->bytes) largest = &t;
+  }
+  if (total <= memory) return Status::Ok();
+  return ResourceExhaustedError(path + ": restoring it needs " + FormatBytes(total) + " of memory (tensor \"" +
+                                largest->name + "\" alone is " + FormatBytes(largest->bytes) +
+                                "), more than this machine has (" + FormatBytes(memory) +
+                                "): restore the tensors you need into your own buffers, or slices of them "
+                                "(RestoreInto, RestoreSlices)");
+}
 
 }  // namespace
 
@@ -149,6 +175,8 @@ Task<Status> ManagerImpl::Refresh(bool remove_debris) {
     if (digits == 0 || digits > 18) continue;
     int64_t step = std::stoll(e.name.substr(prefix.size(), digits));
     std::string rest = e.name.substr(prefix.size() + digits);
+    // A step that cannot be examined is reported, never silently left out.
+    if (rest.empty() && !e.problem.ok()) co_return e.problem;
     if (rest.empty() && e.committed) {
       committed.insert(step);
     } else if (rest.empty() || rest.rfind(storage::kTmpMarker, 0) == 0) {
@@ -441,6 +469,7 @@ Task<Result<RestoredCheckpoint>> ManagerImpl::RestoreTask(int64_t step, const Pr
     co_return CorruptionError(c.path + "/manifest.json: says step " + std::to_string(c.manifest.step) +
                               ", but the directory is step " + std::to_string(step));
   }
+  CO_TRY(CheckFitsInMemory(c.manifest, c.path));
   RestoredCheckpoint out;
   out.step = step;
   out.metadata_json = c.manifest.metadata.dump();
@@ -449,7 +478,14 @@ Task<Result<RestoredCheckpoint>> ManagerImpl::RestoreTask(int64_t step, const Pr
   out.tensors.reserve(c.manifest.tensors.size());
   for (size_t i = 0; i < c.manifest.tensors.size(); ++i) {
     const format::ManifestTensor& t = c.manifest.tensors[i];
-    out.tensors.push_back({t.name, t.dtype, t.shape, Bytes(t.bytes)});
+    Bytes bytes;
+    try {
+      bytes = Bytes(t.bytes);
+    } catch (const std::bad_alloc&) {
+      co_return ResourceExhaustedError(c.path + ": cannot allocate " + FormatBytes(t.bytes) + " for tensor \"" +
+                                       t.name + "\"");
+    }
+    out.tensors.push_back({t.name, t.dtype, t.shape, std::move(bytes)});
     indices.push_back(i);
     dsts.push_back(reinterpret_cast<char*>(out.tensors.back().bytes.data()));
   }
@@ -461,6 +497,7 @@ Result<RestoredCheckpoint> ManagerImpl::Restore(std::optional<int64_t> step, Pro
   ASSIGN_OR_RETURN(int64_t s, PinStep(step));
   auto r = loop().BlockOn(RestoreTask(s, &progress));
   Unpin(s);
+  if (!r.ok()) return ExplainReadFailure(s, std::move(r).status());
   return r;
 }
 
@@ -550,7 +587,7 @@ Result<int64_t> ManagerImpl::RestoreSlices(std::optional<int64_t> step, std::spa
   ASSIGN_OR_RETURN(int64_t s, PinStep(step));
   Status st = loop().BlockOn(RestoreSlicesTask(s, slices));
   Unpin(s);
-  RETURN_IF_ERROR(st);
+  RETURN_IF_ERROR(ExplainReadFailure(s, std::move(st)));
   return s;
 }
 
@@ -558,7 +595,7 @@ Result<int64_t> ManagerImpl::RestoreInto(std::optional<int64_t> step, std::span<
   ASSIGN_OR_RETURN(int64_t s, PinStep(step));
   Status st = loop().BlockOn(RestoreIntoTask(s, tensors));
   Unpin(s);
-  RETURN_IF_ERROR(st);
+  RETURN_IF_ERROR(ExplainReadFailure(s, std::move(st)));
   return s;
 }
 
@@ -585,11 +622,26 @@ Task<Result<format::Manifest>> ManagerImpl::ReadManifest(int64_t step) {
   co_return std::move(m);
 }
 
+Status ManagerImpl::ExplainReadFailure(int64_t step, Status failure) {
+  if (failure.ok()) return failure;
+  // Only a read-only manager can see a step vanish: a writer's own prunes
+  // wait for its readers (PinStep), and no one else prunes its root.
+  if (read_only_ && loop().BlockOn(Refresh(/*remove_debris=*/false)).ok()) {
+    std::lock_guard lock(mu_);
+    if (committed_.count(step) == 0) {
+      return NotFoundError("step " + std::to_string(step) + " in " + root_ +
+                           " was removed (pruned or deleted) while it was being read");
+    }
+  }
+  return failure;
+}
+
 Result<CheckpointInfo> ManagerImpl::Info(int64_t step) {
   ASSIGN_OR_RETURN(int64_t s, PinStep(step));
   auto read = loop().BlockOn(ReadManifest(s));
   Unpin(s);
-  ASSIGN_OR_RETURN(format::Manifest m, std::move(read));
+  if (!read.ok()) return ExplainReadFailure(s, std::move(read).status());
+  format::Manifest m = std::move(read).value();
   CheckpointInfo info;
   info.step = m.step;
   info.created = m.created;
@@ -615,6 +667,7 @@ Result<VerifyReport> ManagerImpl::Verify(std::optional<int64_t> step, ProgressFn
   ASSIGN_OR_RETURN(int64_t s, PinStep(step));
   auto r = loop().BlockOn(VerifyTask(s, &progress));
   Unpin(s);
+  if (!r.ok()) return ExplainReadFailure(s, std::move(r).status());
   return r;
 }
 

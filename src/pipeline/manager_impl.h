@@ -118,6 +118,9 @@ class ManagerImpl {
   // Re-reads the committed steps; with `remove_debris`, deletes leftovers of
   // saves that never committed.
   Task<Status> Refresh(bool remove_debris);
+  // What a failed read of committed step `step` means: NotFound if the step
+  // is gone now (another process pruned it meanwhile), else the failure.
+  Status ExplainReadFailure(int64_t step, Status failure);
   // Resolves nullopt to the latest step and pins it against pruning.
   Result<int64_t> PinStep(std::optional<int64_t> step);
   void Unpin(int64_t step);

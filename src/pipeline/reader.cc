@@ -103,7 +103,12 @@ std::vector<uint32_t> TensorCrcs(const OpenedCheckpoint& c, const std::vector<Pi
 Task<Status> OpenShard(storage::Storage* storage, OpenedCheckpoint* c, size_t i) {
   const format::ManifestShard& ms = c->manifest.shards[i];
   const std::string path = ShardPath(*c, i);
-  CO_ASSIGN_OR_RETURN(c->shards[i], co_await storage->OpenFile(c->name, ms.name));
+  auto opened = co_await storage->OpenFile(c->name, ms.name);
+  if (opened.status().code() == StatusCode::kNotFound) {
+    // The manifest lists it: a missing shard is damage, not a bad request.
+    co_return CorruptionError(path + ": missing, but the manifest lists it (" + opened.status().message() + ")");
+  }
+  CO_ASSIGN_OR_RETURN(c->shards[i], std::move(opened));
   storage::ReadableFile* f = c->shards[i].get();
   if (f->size() != ms.bytes) {
     co_return CorruptionError(path + ": " + std::to_string(f->size()) + " bytes, but the manifest says " +

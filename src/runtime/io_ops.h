@@ -9,6 +9,7 @@
 // expression (see Loop).
 
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <linux/time_types.h>
 
 #include <cerrno>
@@ -88,6 +89,29 @@ class OpenAtOp final : public SimpleOp<OpenAtOp> {
   const std::string* path_;
   int flags_;
   mode_t mode_;
+};
+
+// openat2 with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS:
+// `path` is resolved inside `dirfd` without following a symbolic link at any
+// component (ELOOP) or leaving `dirfd` through ".." (EXDEV).
+class OpenBeneathOp final : public SimpleOp<OpenBeneathOp> {
+ public:
+  OpenBeneathOp(Loop& l, int dirfd, const std::string& path, int flags, mode_t mode)
+      : SimpleOp(l), dirfd_(dirfd), path_(&path) {
+    how_.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
+    how_.mode = (flags & O_CREAT) != 0 ? mode : 0;  // openat2 refuses a mode it will not use
+    how_.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  }
+  void Prep(io_uring_sqe* sqe) { io_uring_prep_openat2(sqe, dirfd_, path_->c_str(), &how_); }
+  Result<File> await_resume() {
+    if (res_ < 0) return ErrnoToStatus(res_, "open", *path_);
+    return File(UniqueFd(res_), *path_);
+  }
+
+ private:
+  int dirfd_;
+  const std::string* path_;
+  open_how how_{};
 };
 
 class CloseOp final : public SimpleOp<CloseOp> {
@@ -301,6 +325,9 @@ class SleepOp final : public UringOp<SleepOp> {
 
 inline OpenAtOp Loop::OpenAt(int dirfd, const std::string& path, int flags, mode_t mode) {
   return OpenAtOp(*this, dirfd, path, flags, mode);
+}
+inline OpenBeneathOp Loop::OpenBeneath(int dirfd, const std::string& path, int flags, mode_t mode) {
+  return OpenBeneathOp(*this, dirfd, path, flags, mode);
 }
 inline CloseOp Loop::Close(File& file) { return CloseOp(*this, file); }
 inline ReadOp Loop::Read(const File& f, void* buf, size_t len, uint64_t off) {

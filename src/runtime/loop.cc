@@ -32,6 +32,7 @@ constexpr RequiredOp kRequiredOps[] = {
     {IORING_OP_FSYNC, "FSYNC", "5.1"},
     {IORING_OP_FALLOCATE, "FALLOCATE", "5.6"},
     {IORING_OP_OPENAT, "OPENAT", "5.6"},
+    {IORING_OP_OPENAT2, "OPENAT2", "5.6"},
     {IORING_OP_CLOSE, "CLOSE", "5.6"},
     {IORING_OP_STATX, "STATX", "5.6"},
     {IORING_OP_MKDIRAT, "MKDIRAT", "5.15"},

@@ -89,6 +89,7 @@ struct LoopStats {
 
 class Tracer;
 class OpenAtOp;
+class OpenBeneathOp;
 class CloseOp;
 class ReadOp;
 class WriteOp;
@@ -165,6 +166,9 @@ class Loop {
   // completes: await the result in the same full expression, as in
   //   CO_ASSIGN_OR_RETURN(File f, co_await loop.OpenAt(AT_FDCWD, path, O_RDONLY));
   OpenAtOp OpenAt(int dirfd, const std::string& path, int flags, mode_t mode = 0644);
+  // OpenAt that never follows a symbolic link nor leaves `dirfd` (openat2
+  // RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS): ELOOP or EXDEV instead.
+  OpenBeneathOp OpenBeneath(int dirfd, const std::string& path, int flags, mode_t mode = 0644);
   CloseOp Close(File& file);
   ReadOp Read(const File& file, void* buf, size_t len, uint64_t offset);
   WriteOp Write(const File& file, const void* buf, size_t len, uint64_t offset);

@@ -171,7 +171,7 @@ Task<Result<std::vector<Entry>>> GcsStorage::List() {
     committed = committed || rest.substr(slash + 1) == kManifest;
   }
   std::vector<Entry> out;
-  for (auto& [name, committed] : entries) out.push_back({name, committed});
+  for (auto& [name, committed] : entries) out.push_back({name, committed, Status::Ok()});
   co_return out;
 }
 

@@ -48,6 +48,39 @@ bool DirectEligible(const Segment& s) {
          RoundUp(s.len, kDirectAlign) <= s.capacity;
 }
 
+// "a FIFO", "a directory", ...: what sits where a regular file should be.
+std::string FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "not a regular file";
+}
+
+// An open of a path inside the root that failed, said plainly: the open
+// follows no symbolic link and never leaves the root (OpenBeneath).
+Status OpenFailed(const Status& s, const std::string& path) {
+  switch (s.sys_errno()) {
+    case ELOOP:
+      return CorruptionError(path + ": a symbolic link where a checkpoint file or directory should be "
+                                    "(ckptio follows no link inside a checkpoint root)");
+    case EXDEV:
+      return CorruptionError(path + ": leads outside the checkpoint root");
+    case 0:
+      return s;
+    default:
+      return ErrnoToStatus(s.sys_errno(), "open", path);
+  }
+}
+
+// A failed operation renamed after the absolute `path` (io_uring ops name
+// the root-relative path they were given), so messages say where.
+Status At(Status s, std::string_view what, const std::string& path) {
+  if (s.ok() || s.sys_errno() == 0) return s;
+  return ErrnoToStatus(s.sys_errno(), what, path);
+}
+
 // Where Prune keeps the files it recycles (a hidden name: List skips it).
 constexpr const char* kRecycleDir = ".recycle";
 // Only shards are recycled; manifests and fragments are small: deleted.
@@ -76,9 +109,13 @@ bool RecycleSync(int dirfd, int fd, const std::string& dir, const std::string& e
   } else if (errno != EEXIST) {
     return false;
   }
+  // Into the bin itself, never through a link named like it: pruned data
+  // must not leave the root.
+  UniqueFd bin_dir(::openat(dirfd, kRecycleDir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+  if (!bin_dir.valid()) return false;
   const std::string name = "r-" + Nonce();
   const std::string to = std::string(kRecycleDir) + "/" + name;
-  if (::renameat2(fd, entry.c_str(), dirfd, to.c_str(), RENAME_NOREPLACE) != 0) return false;
+  if (::renameat2(fd, entry.c_str(), bin_dir.get(), name.c_str(), RENAME_NOREPLACE) != 0) return false;
   if (observer != nullptr) observer->Renamed(dir + "/" + entry, to, /*exchange=*/false);
   bin->push_back({name, static_cast<uint64_t>(st.st_size)});
   return true;
@@ -217,6 +254,10 @@ class LocalStorage final : public Storage {
   Task<Status> WriteGathered(const File* file, const FileImage* image, uint64_t* bounced);
   std::string PathOf(const std::string& rel) const { return root_ + "/" + rel; }
   Task<Status> RemoveTree(std::string name);
+  // Opens the root-relative file `rel` for reading, with its size: through
+  // no symbolic link and not out of the root, without blocking on a FIFO,
+  // and only if it is a regular file (Corruption naming what it is else).
+  Task<Result<std::pair<File, uint64_t>>> OpenForReading(std::string rel);
   // Renames a file of the recycle bin to `name` in the tmp dir `dir`
   // (root-relative `tmp_name`), to be overwritten with `size` bytes: the
   // smallest that holds them, else the largest. False if there is none
@@ -373,9 +414,14 @@ Task<Result<std::vector<Entry>>> LocalStorage::List() {
       if (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN) continue;
       struct stat st;
       if (::fstatat(dup, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode)) continue;
-      bool committed = name.find(kTmpMarker) == std::string::npos &&
-                       ::faccessat(dup, (name + "/manifest.json").c_str(), F_OK, AT_SYMLINK_NOFOLLOW) == 0;
-      out.push_back({std::move(name), committed});
+      Entry entry{name, false, Status::Ok()};
+      if (name.find(kTmpMarker) == std::string::npos) {
+        entry.committed = ::faccessat(dup, (name + "/manifest.json").c_str(), F_OK, AT_SYMLINK_NOFOLLOW) == 0;
+        if (!entry.committed && errno != ENOENT) {
+          entry.problem = ErrnoToStatus(errno, "cannot look into", root + "/" + name);
+        }
+      }
+      out.push_back(std::move(entry));
     }
     ::closedir(dir);
     return out;
@@ -390,31 +436,46 @@ Task<Result<std::unique_ptr<CheckpointWriter>>> LocalStorage::StartCheckpoint(st
   if (shared) multihost_ = true;
   Status made = co_await loop_.MkdirAt(root_dir_.fd(), tmp, 0755);
   if (!(shared && made.sys_errno() == EEXIST)) {
-    CO_TRY(made);
+    CO_TRY(At(std::move(made), "mkdir", PathOf(tmp)));
     if (observer_ != nullptr) observer_->MadeDir(tmp);
   }
-  auto dir = co_await loop_.OpenAt(root_dir_.fd(), tmp, O_RDONLY | O_DIRECTORY);
+  auto dir = co_await loop_.OpenAt(root_dir_.fd(), tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
   if (!dir.ok()) {
     Status cleanup = co_await RemoveTree(tmp);
     cleanup.IgnoreError();  // the open error is the one worth reporting
-    co_return dir.status();
+    co_return OpenFailed(dir.status(), PathOf(tmp));
   }
   File tmp_dir(UniqueFd(dir->release()), PathOf(tmp));
   co_return std::unique_ptr<CheckpointWriter>(
       new LocalWriter(this, std::move(name), std::move(tmp), std::move(tmp_dir), replace, shared));
 }
 
+Task<Result<std::pair<File, uint64_t>>> LocalStorage::OpenForReading(std::string rel) {
+  const std::string path = PathOf(rel);
+  // O_NONBLOCK: opening a FIFO for reading would wait for a writer forever.
+  Result<File> opened = co_await loop_.OpenBeneath(root_dir_.fd(), rel, O_RDONLY | O_NONBLOCK);
+  if (!opened.ok()) co_return OpenFailed(opened.status(), path);
+  File f(UniqueFd(opened->release()), path);
+  CO_ASSIGN_OR_RETURN(struct statx st, co_await loop_.Statx(f.fd(), "", AT_EMPTY_PATH));
+  if (!S_ISREG(st.stx_mode)) {
+    co_return CorruptionError(path + ": " + FileKind(st.stx_mode) + " where a checkpoint file should be");
+  }
+  // Back to blocking reads: io_uring answers EAGAIN for an O_NONBLOCK file
+  // whose data is not cached, rather than reading it.
+  if (::fcntl(f.fd(), F_SETFL, 0) != 0) co_return ErrnoToStatus(errno, "fcntl", path);
+  co_return std::pair<File, uint64_t>(std::move(f), st.stx_size);
+}
+
 Task<Result<std::string>> LocalStorage::ReadSmallFile(std::string checkpoint, std::string file,
                                                       uint64_t max_bytes) {
-  const std::string rel = checkpoint + "/" + file;
-  CO_ASSIGN_OR_RETURN(File f, co_await loop_.OpenAt(root_dir_.fd(), rel, O_RDONLY));
-  File named(UniqueFd(f.release()), PathOf(rel));
-  CO_ASSIGN_OR_RETURN(struct statx st, co_await loop_.Statx(named.fd(), "", AT_EMPTY_PATH));
-  if (st.stx_size > max_bytes) {
-    co_return CorruptionError(named.path() + ": " + std::to_string(st.stx_size) + " bytes, more than the " +
+  CO_ASSIGN_OR_RETURN(auto opened, co_await OpenForReading(checkpoint + "/" + file));
+  File& named = opened.first;
+  const uint64_t size = opened.second;
+  if (size > max_bytes) {
+    co_return CorruptionError(named.path() + ": " + std::to_string(size) + " bytes, more than the " +
                               std::to_string(max_bytes) + " allowed");
   }
-  std::string out(st.stx_size, '\0');
+  std::string out(size, '\0');
   CO_ASSIGN_OR_RETURN(size_t n, co_await loop_.Read(named, out.data(), out.size(), 0));
   out.resize(n);
   CO_TRY(co_await loop_.Close(named));
@@ -422,18 +483,16 @@ Task<Result<std::string>> LocalStorage::ReadSmallFile(std::string checkpoint, st
 }
 
 Task<Result<std::unique_ptr<ReadableFile>>> LocalStorage::OpenFile(std::string checkpoint, std::string file) {
-  const std::string rel = checkpoint + "/" + file;
-  CO_ASSIGN_OR_RETURN(File f, co_await loop_.OpenAt(root_dir_.fd(), rel, O_RDONLY | O_NOFOLLOW));
-  File named(UniqueFd(f.release()), PathOf(rel));
-  CO_ASSIGN_OR_RETURN(struct statx st, co_await loop_.Statx(named.fd(), "", AT_EMPTY_PATH));
-  co_return std::unique_ptr<ReadableFile>(new LocalReadable(loop_, std::move(named), st.stx_size));
+  CO_ASSIGN_OR_RETURN(auto opened, co_await OpenForReading(checkpoint + "/" + file));
+  co_return std::unique_ptr<ReadableFile>(new LocalReadable(loop_, std::move(opened.first), opened.second));
 }
 
 Task<Result<std::string>> LocalStorage::Hide(std::string name) {
   // Make the checkpoint disappear atomically before deleting anything.
   std::string doomed = name + kTmpMarker + "del-" + Nonce();
   if (int e = Injected(FsObserver::Op::kRename, name)) co_return ErrnoToStatus(e, "rename", PathOf(name));
-  CO_TRY(co_await loop_.RenameAt(root_dir_.fd(), name, root_dir_.fd(), doomed));
+  Status renamed = co_await loop_.RenameAt(root_dir_.fd(), name, root_dir_.fd(), doomed);
+  CO_TRY(At(std::move(renamed), "rename", PathOf(name) + " to " + PathOf(doomed)));
   if (observer_ != nullptr) observer_->Renamed(name, doomed, /*exchange=*/false);
   CO_TRY(co_await FsyncRoot());
   co_return doomed;
@@ -473,9 +532,13 @@ Task<bool> LocalStorage::TakeRecycled(const File* dir, std::string tmp_name, std
       pick = i;
     }
   }
-  const std::string from = std::string(kRecycleDir) + "/" + bin_[pick].name;
+  const std::string picked = bin_[pick].name;
+  const std::string from = std::string(kRecycleDir) + "/" + picked;
   bin_.erase(bin_.begin() + static_cast<ptrdiff_t>(pick));
-  Status moved = co_await loop_.RenameAt(root_dir_.fd(), from, dir->fd(), name, RENAME_NOREPLACE);
+  // From the bin itself, never through a link named like it.
+  UniqueFd bin(::openat(root_dir_.fd(), kRecycleDir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+  if (!bin.valid()) co_return false;
+  Status moved = co_await loop_.RenameAt(bin.get(), picked, dir->fd(), name, RENAME_NOREPLACE);
   if (!moved.ok()) co_return false;
   if (observer_ != nullptr) observer_->Renamed(from, tmp_name + "/" + name, /*exchange=*/false);
   co_return true;
@@ -484,8 +547,20 @@ Task<bool> LocalStorage::TakeRecycled(const File* dir, std::string tmp_name, std
 Status LocalStorage::LockForWriting() {
   if (lock_fd_.valid()) return Status::Ok();
   const std::string path = PathOf(".ckptio.lock");
-  UniqueFd fd(::openat(root_dir_.fd(), ".ckptio.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-  if (!fd.valid()) return ErrnoToStatus(errno, "open", path);
+  UniqueFd fd(::openat(root_dir_.fd(), ".ckptio.lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644));
+  if (!fd.valid()) {
+    if (errno == ELOOP) {
+      return FailedPreconditionError(path + " is a symbolic link: ckptio follows no link inside a checkpoint "
+                                            "root (remove it; ckptio creates the lock file itself)");
+    }
+    return ErrnoToStatus(errno, "open", path);
+  }
+  struct stat lock_st;
+  if (::fstat(fd.get(), &lock_st) != 0) return ErrnoToStatus(errno, "stat", path);
+  if (!S_ISREG(lock_st.st_mode)) {
+    return FailedPreconditionError(path + " is " + FileKind(lock_st.st_mode) +
+                                   ", not the lock file ckptio creates (remove it)");
+  }
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
       return FailedPreconditionError("another process is writing checkpoints to " + root_ +
@@ -523,7 +598,7 @@ LocalWriter::~LocalWriter() = default;
 Task<Result<File>> LocalWriter::OpenForWrite(std::string name, bool* direct, bool recycled) {
   Loop& loop = storage_->loop();
   // A recycled file is already in place; it is overwritten, then cut to size.
-  const int base = recycled ? O_WRONLY | O_NOFOLLOW : O_WRONLY | O_CREAT | (shared_ ? O_TRUNC : O_EXCL);
+  const int base = O_WRONLY | O_NOFOLLOW | (recycled ? 0 : O_CREAT | (shared_ ? O_TRUNC : O_EXCL));
   if (*direct) {
     auto f = co_await loop.OpenAt(tmp_dir_.fd(), name, base | O_DIRECT);
     if (f.ok() || f.status().sys_errno() != EINVAL ||
@@ -533,7 +608,7 @@ Task<Result<File>> LocalWriter::OpenForWrite(std::string name, bool* direct, boo
     // The file system refuses O_DIRECT (the failed open may already have
     // created the file, hence O_TRUNC rather than O_EXCL): write buffered.
     *direct = false;
-    co_return co_await loop.OpenAt(tmp_dir_.fd(), name, recycled ? O_WRONLY | O_NOFOLLOW : O_WRONLY | O_CREAT | O_TRUNC);
+    co_return co_await loop.OpenAt(tmp_dir_.fd(), name, O_WRONLY | O_NOFOLLOW | (recycled ? 0 : O_CREAT | O_TRUNC));
   }
   co_return co_await loop.OpenAt(tmp_dir_.fd(), name, base);
 }
@@ -599,7 +674,8 @@ Task<Status> LocalWriter::WriteFile(const FileImage* image) {
     recycled = false;
     opened = co_await OpenForWrite(image->name, &direct, recycled);
   }
-  CO_ASSIGN_OR_RETURN(File f, std::move(opened));
+  if (!opened.ok()) co_return OpenFailed(opened.status(), tmp_dir_.path() + "/" + image->name);
+  File f = std::move(opened).value();
   const bool gather = direct && !aligned;
   if (!recycled) {
     created_.push_back(image->name);
@@ -616,7 +692,9 @@ Task<Status> LocalWriter::WriteFile(const FileImage* image) {
 
 Task<Status> LocalWriter::Commit(std::string manifest_json) {
   Loop& loop = storage_->loop();
-  CO_ASSIGN_OR_RETURN(File m, co_await loop.OpenAt(tmp_dir_.fd(), "manifest.json", O_WRONLY | O_CREAT | O_EXCL));
+  Result<File> opened = co_await loop.OpenAt(tmp_dir_.fd(), "manifest.json", O_WRONLY | O_CREAT | O_EXCL);
+  if (!opened.ok()) co_return OpenFailed(opened.status(), tmp_dir_.path() + "/manifest.json");
+  File m = std::move(opened).value();
   if (storage_->observer() != nullptr) storage_->observer()->CreatedFile(tmp_name_ + "/manifest.json");
   File manifest(UniqueFd(m.release()), tmp_dir_.path() + "/manifest.json");
   Status s = co_await loop.Write(manifest, manifest_json.data(), manifest_json.size(), 0);
@@ -652,7 +730,7 @@ Task<Status> LocalWriter::Publish() {
   if (renamed.sys_errno() == EEXIST) {
     co_return AlreadyExistsError(storage_->PathOf(name_) + " already exists");
   }
-  CO_TRY(renamed);
+  CO_TRY(At(std::move(renamed), "rename", storage_->PathOf(tmp_name_) + " to " + storage_->PathOf(name_)));
   co_return co_await storage_->FsyncRoot();
 }
 
@@ -661,7 +739,9 @@ Task<Status> LocalWriter::WriteSmall(std::string name, std::string bytes) {
   // for it sees nothing or all of it.
   Loop& loop = storage_->loop();
   const std::string partial = name + ".partial";
-  CO_ASSIGN_OR_RETURN(File f, co_await loop.OpenAt(tmp_dir_.fd(), partial, O_WRONLY | O_CREAT | O_TRUNC));
+  Result<File> opened = co_await loop.OpenAt(tmp_dir_.fd(), partial, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW);
+  if (!opened.ok()) co_return OpenFailed(opened.status(), tmp_dir_.path() + "/" + partial);
+  File f = std::move(opened).value();
   FsObserver* observer = storage_->observer();
   if (observer != nullptr) observer->CreatedFile(tmp_name_ + "/" + partial);
   File file(UniqueFd(f.release()), tmp_dir_.path() + "/" + partial);

@@ -86,6 +86,9 @@ inline constexpr const char* kTmpMarker = ".tmp-";
 struct Entry {
   std::string name;        // "checkpoint_200", "checkpoint_300.tmp-1f2e..."
   bool committed = false;  // its manifest exists
+  // Why it could not be told whether the manifest exists (a directory that
+  // cannot be searched); ok otherwise. A reader reports it, never skips it.
+  Status problem;
 };
 
 class Storage {

@@ -198,6 +198,22 @@ run export R4 --out r4.safetensors
 check "both files' tensors are in the checkpoint, in order, with the metadata" \
   [ "$(py "$CHECK_SAFETENSORS" r4.safetensors)" = '3 {"run": "two-files"}' ]
 check "their bytes round-trip" [ "$(data_section r4.safetensors | head -c 11)" = "helloworld!" ]
+py '
+import json, struct
+def write(path, name, meta):
+    header = {"__metadata__": meta, name: {"dtype": "U8", "shape": [3], "data_offsets": [0, 3]}}
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + b"abc")
+write("m1.safetensors", "m/one", {"source": "first"})
+write("m2.safetensors", "m/two", {"source": "second"})
+'
+run save RM --step 1 --from m1.safetensors --from m2.safetensors
+check "inputs whose __metadata__ differ need --metadata (exit 1, saying so)" eval 'rc_is 1 && err_has "pass --metadata"'
+run save RM --step 1 --from m1.safetensors --from m2.safetensors --metadata '{"source":"both"}'
+check "with --metadata they save" eval 'rc_is 0 && out_has "2 tensors from 2 files"'
+run export RM --out rm.safetensors
+check "and the checkpoint holds the --metadata given" [ "$(py "$CHECK_SAFETENSORS" rm.safetensors)" = '2 {"source": "both"}' ]
 run save R5 --step 1 --from a.safetensors --from dup.safetensors
 check "save with a tensor name in two files exits 1" rc_is 1
 check "the error names the tensor and both files" err_has 'tensor "a/y" is in both a\.safetensors and dup\.safetensors'
@@ -224,6 +240,55 @@ done
 check "no save to a URL-like root wrote anything" eval '[ ! -e gcs: ] && [ ! -e s3: ] && [ ! -e gs: ]'
 run save ./gcs:/b/run --step 1 --from a.safetensors
 check "./gcs:/b/run is a local directory" eval 'rc_is 0 && [ -f "gcs:/b/run/checkpoint_1/manifest.json" ]'
+
+echo "== what sits where a file should be"
+cp -a D/async H
+rm H/checkpoint_300/manifest.json
+mkfifo H/checkpoint_300/manifest.json
+for cmd in ls verify; do
+  RC=0; timeout 60 "$CKPTIO" $cmd H >"$T/out" 2>"$T/err" || RC=$?
+  check "$cmd with a FIFO as a manifest exits 2 at once (no hang) naming it by its absolute path" \
+    eval 'rc_is 2 && err_has "$T/H/checkpoint_300/manifest.json: a FIFO where a checkpoint file should be"'
+done
+RC=0; timeout 60 "$CKPTIO" export H --step 300 --out h.safetensors >"$T/out" 2>"$T/err" || RC=$?
+check "export of it exits 2 at once" eval 'rc_is 2 && err_has "a FIFO"'
+rm H/checkpoint_300/manifest.json
+ln -s /etc/passwd H/checkpoint_300/manifest.json
+run verify H --step 300
+check "verify of a manifest linked out of the root exits 2 without quoting the target" \
+  eval 'rc_is 2 && err_has "manifest.json: a symbolic link" && ! err_has "root:"'
+rm H/checkpoint_300/manifest.json
+mkdir H/checkpoint_300/manifest.json
+run verify H --step 300
+check "a directory where manifest.json should be is an integrity failure (2)" eval 'rc_is 2 && err_has "a directory where"'
+rm H/checkpoint_200/shard-00000.safetensors
+run verify H --step 200
+check "a missing shard is an integrity failure (2), named by its absolute path" \
+  eval 'rc_is 2 && err_has "$T/H/checkpoint_200/shard-00000\.safetensors"'
+mkfifo fifo.safetensors
+RC=0; timeout 60 "$CKPTIO" save F1 --step 1 --from fifo.safetensors >"$T/out" 2>"$T/err" || RC=$?
+check "save --from a FIFO exits 1 at once" eval 'rc_is 1 && err_has "fifo\.safetensors is not a regular file"'
+mkdir E2
+run verify E2
+check "verify of a root without a committed checkpoint exits 1 and says so" \
+  eval 'rc_is 1 && err_has "no committed checkpoint in $T/E2: nothing to verify"'
+cp -a D/async P
+chmod 000 P/checkpoint_200
+if command -v setpriv >/dev/null && [ "$(id -u)" = 0 ]; then
+  # root passes every permission check: drop the capabilities that let it.
+  AS_USER=(setpriv --inh-caps=-dac_override,-dac_read_search --bounding-set=-dac_override,-dac_read_search)
+else
+  AS_USER=()
+fi
+RC=0; "${AS_USER[@]}" "$CKPTIO" ls P >"$T/out" 2>"$T/err" || RC=$?
+check "ls of a root with a step directory it cannot search exits 2 naming it (not silently skipped)" \
+  eval 'rc_is 2 && err_has "cannot look into $T/P/checkpoint_200: Permission denied"'
+chmod 755 P/checkpoint_200
+run export D/async --out D/async/checkpoint_300/manifest.json
+check "export --out inside the checkpoint root exits 1 and writes nothing" \
+  eval 'rc_is 1 && err_has "is inside the checkpoint root" && cmp -s D/async/checkpoint_300/manifest.json P/checkpoint_300/manifest.json'
+run export D/async --out D/async/x.safetensors
+check "export --out anywhere under the root is refused too" eval 'rc_is 1 && [ ! -e D/async/x.safetensors ]'
 
 echo "== usage errors"
 run
