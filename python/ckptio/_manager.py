@@ -233,7 +233,12 @@ def _close_all_at_exit():
     trainer that returns from main() does not cut its last save short. A
     Ctrl-C here abandons them: the newest committed checkpoint stays intact
     (a commit is atomic), and the debris is removed when the root is opened
-    again."""
+    again.
+
+    A save that failed in the background and was never raised to the program
+    is printed here, every failed step of it, and makes the process exit with
+    status 1 (after the rest of Python's shutdown), so that a batch job or CI
+    does not see success."""
     managers = [m for m in list(_live) if not m.closed]
     if not managers:
         return
@@ -245,7 +250,9 @@ def _close_all_at_exit():
             try:
                 m.close()
             except CkptioError as e:
-                print(f"ckptio: a checkpoint save failed: {e}", file=sys.stderr, flush=True)
+                print(f"ckptio: checkpoint saves to {m.root} failed in the background: {e}", file=sys.stderr,
+                      flush=True)
+                _ckptio._fail_exit_status()
     except KeyboardInterrupt:
         for m in managers:
             m._m.abandon()

@@ -26,7 +26,9 @@
 #include <pybind11/stl.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -532,6 +534,22 @@ class PyManager {
 }  // namespace
 }  // namespace ckptio::python
 
+namespace ckptio::python {
+namespace {
+
+// Set when a save failed in the background and the program never saw the
+// error (it was raised only at exit): the process must not exit 0.
+std::atomic<bool> g_failed_at_exit{false};
+
+// Runs after the interpreter is finalized (Py_AtExit), after every Python
+// atexit handler and stream flush: exits 1 instead of what Python would.
+void ExitNonZeroIfFailed() {
+  if (g_failed_at_exit.load()) std::exit(1);
+}
+
+}  // namespace
+}  // namespace ckptio::python
+
 PYBIND11_MODULE(_ckptio, m) {
   using ckptio::python::PyManager;
   using ckptio::python::PySaveHandle;
@@ -555,6 +573,13 @@ PYBIND11_MODULE(_ckptio, m) {
         if (old != nullptr) Py_DECREF(old);
       },
       py::arg("factory"));
+
+  // At most once per process, however often the module is imported.
+  static const bool at_exit_registered = Py_AtExit(ckptio::python::ExitNonZeroIfFailed) == 0;
+  (void)at_exit_registered;
+  m.def("_fail_exit_status", [] { ckptio::python::g_failed_at_exit = true; },
+        "Makes the process exit with status 1 (after Python's own shutdown): a background save failed "
+        "and its error was first reported at exit.");
 
   m.def("dtype_size", [](const std::string& name) {
     return ckptio::format::DTypeSize(ckptio::python::Take(ckptio::format::ParseDType(name)));

@@ -232,9 +232,10 @@ Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> te
       return CancelledError("save of step " + std::to_string(step) +
                             " refused: SIGTERM arrived, the manager is finishing its saves");
     }
-    if (!pending_error_.ok()) {
-      Status e = std::exchange(pending_error_, Status::Ok());
-      return std::move(e).WithContext("an earlier background save failed");
+    if (!pending_errors_.empty()) {
+      const bool one = pending_errors_.size() == 1;
+      Status e = TakePendingErrors();
+      return one ? std::move(e).WithContext("an earlier background save failed") : e;
     }
     if (committed_.count(step) != 0 && !options_.overwrite) {
       return AlreadyExistsError("checkpoint step " + std::to_string(step) + " already exists in " + root_ +
@@ -331,7 +332,7 @@ Task<void> ManagerImpl::RunSave(std::shared_ptr<SaveJob> job) {
       stats_.bytes_committed += job->plan.checkpoint_bytes;
     } else {
       ++stats_.saves_failed;
-      if (pending_error_.ok()) pending_error_ = s;
+      pending_errors_.push_back(s);
     }
   }
   job->ended.Set();
@@ -346,7 +347,7 @@ Task<void> ManagerImpl::RunSave(std::shared_ptr<SaveJob> job) {
     Status p = co_await PruneNow();
     if (!p.ok()) {
       std::lock_guard lock(mu_);
-      if (pending_error_.ok()) pending_error_ = std::move(p);
+      pending_errors_.push_back(std::move(p));
     }
   }
   {
@@ -442,7 +443,17 @@ Task<Status> ManagerImpl::PruneNow() {
 Status ManagerImpl::WaitUntilFinished() {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [this] { return in_flight_ == 0; });
-  return std::exchange(pending_error_, Status::Ok());
+  return TakePendingErrors();
+}
+
+Status ManagerImpl::TakePendingErrors() {
+  std::vector<Status> errors = std::exchange(pending_errors_, {});
+  if (errors.size() <= 1) return errors.empty() ? Status::Ok() : std::move(errors[0]);
+  // Every failure, in the order they happened: none is dropped for being
+  // second (a full disk fails several saves in a row).
+  std::string message = std::to_string(errors.size()) + " background saves failed: ";
+  for (size_t i = 0; i < errors.size(); ++i) message += (i > 0 ? "; " : "") + errors[i].message();
+  return Status(errors[0].code(), std::move(message));
 }
 
 Result<int64_t> ManagerImpl::PinStep(std::optional<int64_t> step) {

@@ -113,6 +113,9 @@ class ManagerImpl {
   Task<Result<format::Manifest>> GatherFragments(SaveJob* job, storage::CheckpointWriter* writer);
   Task<Status> AwaitCommit(int64_t step);
 
+  // The background failures not reported yet, as one Status (the first one's
+  // code; every message, oldest first), and forgets them. REQUIRES: mu_ held.
+  Status TakePendingErrors();
   // FailedPrecondition if this manager was opened read-only.
   Status CheckWritable(std::string_view what) const;
   // Re-reads the committed steps; with `remove_debris`, deletes leftovers of
@@ -172,7 +175,7 @@ class ManagerImpl {
   std::set<int64_t> in_flight_steps_;
   std::multiset<int64_t> readers_;
   int in_flight_ = 0;  // admitted saves not yet ended (commit and prune)
-  Status pending_error_;  // a background failure not yet reported
+  std::vector<Status> pending_errors_;  // background failures not yet reported, oldest first
   bool preempting_ = false;           // SIGTERM: new saves are refused...
   std::thread::id final_save_thread_;  // ...except from the final-save callback
   std::shared_ptr<SaveJob> last_job_;

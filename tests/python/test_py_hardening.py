@@ -88,3 +88,63 @@ def test_verify_and_ls_while_a_trainer_saves_and_prunes_exit_0(tmp_path, child_e
             assert "was pruned while being listed" in line, f"{cmd}: {line}"
         if cmd == "verify":
             assert all(line.endswith("(skipped)") or ": OK, " in line for line in p.stdout.splitlines()), p.stdout
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 1 MiB tmpfs (a real full disk for an 8 MiB save); needs root, as CI runs."""
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {p.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_flax_save_that_fails_after_the_last_call_makes_the_process_exit_non_zero(full_disk, run_python):
+    p = run_python(f"""
+        import numpy as np
+        from ckptio import flax as checkpoints
+        checkpoints.configure(staging_memory="64MiB", threads=2)
+        checkpoints.save_checkpoint({str(full_disk / "ckpt")!r}, {{"w": np.ones(8 << 20, np.uint8)}}, 1)
+        print("save_checkpoint returned")
+        """, check=False)
+    assert "save_checkpoint returned" in p.stdout
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert "cannot save step 1" in p.stderr and "No space left on device" in p.stderr
+
+
+def test_every_step_that_failed_is_reported_at_exit_and_the_exit_status_is_1(full_disk, run_python):
+    p = run_python(f"""
+        import numpy as np
+        import ckptio
+        mgr = ckptio.CheckpointManager({str(full_disk / "ckpt")!r}, staging_memory="64MiB", threads=2,
+                                       max_in_flight=2)
+        w = np.ones(8 << 20, np.uint8)
+        mgr.save(1, {{"w": w}})
+        try:
+            mgr.save(2, {{"w": w}})  # in flight with 1, unless 1 failed already (then this raises 1's error)
+        except ckptio.NoSpaceError as e:
+            print("save 2 raised:", e)
+        # no wait, no close: the interpreter's exit waits for what is in flight
+        """, check=False)
+    if "save 2 raised" in p.stdout:  # 1 failed first: the program saw its error (and caught it)
+        assert "cannot save step 1" in p.stdout and p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    else:  # both were in flight: both failed, both reported at exit, and the exit status says so
+        assert p.returncode == 1, (p.returncode, p.stderr)
+        assert "2 background saves failed" in p.stderr, p.stderr
+        assert "cannot save step 1" in p.stderr and "cannot save step 2" in p.stderr, p.stderr
+
+
+def test_a_clean_run_still_exits_0(tmp_path, run_python):
+    p = run_python(f"""
+        import numpy as np
+        from ckptio import flax as checkpoints
+        checkpoints.configure(staging_memory="64MiB", threads=2)
+        checkpoints.save_checkpoint({str(tmp_path / "ckpt")!r}, {{"w": np.ones(1 << 20, np.uint8)}}, 1)
+        """, check=False)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "ckpt" / "checkpoint_1" / "manifest.json").is_file()
