@@ -132,15 +132,26 @@ class CheckpointManager {
 
   // Snapshots `tensors` and commits them as checkpoint `step` in the
   // background. Returns after the snapshot. Errors: invalid tensors, a step
-  // already committed (unless overwrite) or in flight, a state larger than
-  // staging memory, or the failure of an earlier background save, which is
-  // returned here once (the new save is then not started).
-  // `metadata_json` must be a JSON object; it is stored in the manifest.
+  // already committed (unless overwrite) or in flight, or the failures of
+  // earlier background saves, which are returned here once (the new save is
+  // then not started). `metadata_json` must be a JSON object; it is stored
+  // in the manifest. A save larger than staging_memory is written straight
+  // from `tensors`, and Save() returns once it is written (warned once on
+  // stderr): the caller waits for the write instead of a copy.
   Result<SaveHandle> Save(int64_t step, std::span<const TensorRef> tensors,
                           std::string metadata_json = "{}");
+  // As above; the manager also holds `keep_alive` (whatever owns the
+  // tensors' memory) until nothing reads the tensors any more: right after
+  // the snapshot copy, or, with snapshot "borrow", once the shards are
+  // written (or the save failed). It is dropped on a ckptio thread. How a
+  // caller whose buffers go away when unreferenced (Python's arrays, a
+  // temporary contiguous copy) lends them for the length of a save.
+  Result<SaveHandle> Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
+                          std::shared_ptr<const void> keep_alive);
 
   // Blocks until no save is in flight (committed and pruned). Returns the
-  // first background failure not yet reported, if any.
+  // background failures not yet reported, if any: one Status naming every
+  // failed step, with the first failure's code.
   Status WaitUntilFinished();
   // Blocks until staging memory is resident, so the next save's snapshot
   // runs at memory speed (the first touch of fresh pages is far slower).

@@ -32,8 +32,16 @@ enum class OnBusy {
 };
 
 struct Options {
-  // Bytes of pinned staging memory, allocated once and reused by every save.
-  uint64_t staging_memory = uint64_t{2} << 30;  // 2 GiB
+  // Most bytes of staging memory that copy-mode saves copy their snapshot
+  // into; reused by every save, never allocated per save.
+  //  0 ("auto"): grows to what the saves need (up to half the machine's
+  //    memory), faulted in as it grows: a small state costs small memory.
+  //  N: pre-faulted in the background right after Open, so that even the
+  //    first save copies into warm memory.
+  // A save that needs more than the bound is written straight from the
+  // caller's buffers and Save() returns once it is written (the trainer
+  // waits for the write instead of a copy; warned once).
+  uint64_t staging_memory = 0;  // auto
   // Max bytes of tensor data per shard file (a larger tensor gets a shard of its own).
   uint64_t shard_size = uint64_t{256} << 20;  // 256 MiB
   SnapshotMode snapshot = SnapshotMode::kCopy;

@@ -144,6 +144,10 @@ Knob Size(std::string_view path, Field<uint64_t> f, std::string_view description
           uint64_t multiple_of = 1, std::string_view why_multiple = {}) {
   return Knob{path, description, SizeSpec{f, min, max, multiple_of, why_multiple}};
 }
+// A size whose value 0 is written "auto".
+Knob SizeOrAuto(std::string_view path, Field<uint64_t> f, std::string_view description, uint64_t min) {
+  return Knob{path, description, SizeSpec{f, min, std::numeric_limits<uint64_t>::max(), 1, {}, true}};
+}
 Knob Int(std::string_view path, Field<int> f, std::string_view description, int min, int max) {
   return Knob{path, description, IntSpec<int>{f, min, max}};
 }
@@ -181,8 +185,11 @@ constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 const std::vector<Knob>& Table() {
   static const std::vector<Knob> table = {
-      Size(CKPTIO_KNOB(staging_memory),
-           "Bytes of pinned staging memory, allocated once and reused by every save.", kMiB),
+      SizeOrAuto(CKPTIO_KNOB(staging_memory),
+           "Most bytes of staging memory saves copy into, reused by every save. \"auto\": grows to what "
+           "the saves need, up to half the machine's memory. A size: pre-faulted in the background "
+           "from the start. A save that needs more than this is written straight from the caller's "
+           "buffers, and save() returns once it is written.", kMiB),
       Size(CKPTIO_KNOB(shard_size),
            "Max bytes of tensor data per shard file (a larger tensor gets a shard of its own).",
            1),
@@ -359,15 +366,37 @@ Status Parse(const GroupSpec&, const json&, Options&) {
   return InternalError("a group is not a value");
 }
 Status Parse(const SizeSpec& s, const json& v, Options& o) {
+  if (s.allow_auto && v.is_string() && v.get_ref<const std::string&>() == "auto") {
+    s.field.mut(o) = 0;
+    return Status::Ok();
+  }
   ASSIGN_OR_RETURN(s.field.mut(o), SizeFromJson(v));
   return Status::Ok();
 }
+// A whole number too large for int64_t (1e20, 18446744073709551615).
+bool HugeInteger(const json& v) {
+  if (v.is_number_unsigned()) return true;  // IntegerFromJson took those that fit
+  if (!v.is_number_float()) return false;
+  const double d = v.get<double>();
+  return std::isfinite(d) && d == std::trunc(d) && d >= kTwoTo63;
+}
 template <typename T>
 Status Parse(const IntSpec<T>& s, const json& v, Options& o) {
-  ASSIGN_OR_RETURN(int64_t n, IntegerFromJson(v));
-  if (n < s.min || n > s.max) {
-    return InvalidArgumentError("must be " + RangeText(s.min, s.max) + ", got " +
-                                std::to_string(n));
+  auto parsed = IntegerFromJson(v);
+  if (!parsed.ok() && HugeInteger(v)) {
+    const std::string rule = s.max == std::numeric_limits<T>::max() ? "at most " + std::to_string(s.max)
+                                                                      : RangeText(s.min, s.max);
+    return InvalidArgumentError("must be " + rule + ", got " + v.dump());
+  }
+  ASSIGN_OR_RETURN(int64_t n, std::move(parsed));
+  if (n < s.min) {
+    return InvalidArgumentError("must be " + RangeText(s.min, s.max) + ", got " + std::to_string(n));
+  }
+  if (n > s.max) {
+    // "at least 0" would not say what is wrong with 2147483648: the bound it broke.
+    const std::string rule = s.max == std::numeric_limits<T>::max() ? "at most " + std::to_string(s.max)
+                                                                      : RangeText(s.min, s.max);
+    return InvalidArgumentError("must be " + rule + ", got " + std::to_string(n));
   }
   s.field.mut(o) = static_cast<T>(n);
   return Status::Ok();
@@ -413,6 +442,7 @@ Status Parse(const HeadersSpec& s, const json& v, Options& o) {
 Status Check(const GroupSpec&, const Options&) { return Status::Ok(); }
 Status Check(const SizeSpec& s, const Options& o) {
   const uint64_t n = s.field.get(o);
+  if (s.allow_auto && n == 0) return Status::Ok();
   if (n < s.min) {
     return InvalidArgumentError("must be at least " + FormatSize(s.min) + ", got " + FormatSize(n));
   }
@@ -455,6 +485,7 @@ Status Check(const HeadersSpec& s, const Options& o) { return CheckHeaders(s.fie
 
 std::string Render(const GroupSpec&, const Options&, bool) { return "{}"; }
 std::string Render(const SizeSpec& s, const Options& o, bool) {
+  if (s.allow_auto && s.field.get(o) == 0) return "\"auto\"";
   return "\"" + FormatSize(s.field.get(o)) + "\"";
 }
 template <typename T>
@@ -491,7 +522,7 @@ std::string Render(const HeadersSpec& s, const Options& o, bool redact) {
 
 std::string Describe(const GroupSpec&) { return "object"; }
 std::string Describe(const SizeSpec& s) {
-  std::string out = "size";
+  std::string out = s.allow_auto ? "size or \"auto\"" : "size";
   if (s.min > 1) out += ", at least " + FormatSize(s.min);
   if (s.max != std::numeric_limits<uint64_t>::max()) out += ", at most " + FormatSize(s.max);
   if (s.multiple_of > 1) out += ", a multiple of " + FormatSize(s.multiple_of);

@@ -51,6 +51,8 @@ struct SizeSpec {
   uint64_t max = std::numeric_limits<uint64_t>::max();
   uint64_t multiple_of = 1;
   std::string_view why_multiple = {};  // shown when the multiple_of rule fails
+  // The value 0 is spelled "auto" (and allowed whatever min says).
+  bool allow_auto = false;
 };
 
 template <typename T>

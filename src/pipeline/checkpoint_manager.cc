@@ -84,7 +84,12 @@ CheckpointManager::~CheckpointManager() = default;
 
 Result<SaveHandle> CheckpointManager::Save(int64_t step, std::span<const TensorRef> tensors,
                                            std::string metadata_json) {
-  return impl_->Save(step, tensors, std::move(metadata_json));
+  return impl_->Save(step, tensors, std::move(metadata_json), nullptr);
+}
+
+Result<SaveHandle> CheckpointManager::Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
+                                           std::shared_ptr<const void> keep_alive) {
+  return impl_->Save(step, tensors, std::move(metadata_json), std::move(keep_alive));
 }
 Status CheckpointManager::WaitUntilFinished() { return impl_->WaitUntilFinished(); }
 void CheckpointManager::WaitUntilReady() { impl_->WaitUntilReady(); }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <set>
@@ -40,14 +41,26 @@ std::string FormatBytes(uint64_t n) {
 
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+uint64_t PhysicalMemory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+}
+
+// The bound of "auto" staging: saves may take up to half the machine's
+// memory before they are written straight from the caller's buffers.
+uint64_t HalfOfMemory() {
+  const uint64_t memory = PhysicalMemory();
+  return memory == 0 ? uint64_t{2} << 30 : memory / 2;
+}
+
 // A restore into memory of a checkpoint larger than the machine's memory
 // (a manifest can declare any size; its shard may be a sparse file) fails
 // up front, naming the largest tensor, instead of in the allocator.
 Status CheckFitsInMemory(const format::Manifest& m, const std::string& path) {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long page_size = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page_size <= 0 || m.tensors.empty()) return Status::Ok();
-  const uint64_t memory = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+  const uint64_t memory = PhysicalMemory();
+  if (memory == 0 || m.tensors.empty()) return Status::Ok();
   uint64_t total = 0;
   const format::ManifestTensor* largest = &m.tensors[0];
   for (const format::ManifestTensor& t : m.tensors) {
@@ -63,6 +76,14 @@ Status CheckFitsInMemory(const format::Manifest& m, const std::string& path) {
 }
 
 }  // namespace
+
+void SaveState::MarkReleased() {
+  {
+    std::lock_guard lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+}
 
 void SaveState::Finish(Status s) {
   {
@@ -97,20 +118,25 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
   // Nobody writes before process 0 has cleared the debris of earlier runs.
   if (m->multihost()) RETURN_IF_ERROR(m->loop().BlockOn(m->BarrierWait("open")));
   runtime::Loop* loop = &m->loop();
-  StagingPool::PrefaultedFn on_prefaulted;
+  StagingPool::GrownFn on_grown;
   if (m->options_.io.register_buffers) {
     // Pinning pages for io_uring faults them in; do it once they are
-    // resident, on the loop thread, off the trainer's path. (This may run
-    // before staging_ is assigned: use only what it is given.)
-    on_prefaulted = [loop](char* base, uint64_t capacity) {
-      loop->Post([loop, base, capacity] {
-        iovec region{base, capacity};
+    // resident, on the loop thread, off the trainer's path, again each time
+    // the resident part grows. (This may run before staging_ is assigned:
+    // use only what it is given.)
+    on_grown = [loop](char* base, uint64_t resident) {
+      loop->Post([loop, base, resident] {
+        iovec region{base, resident};
         // Best effort: without registration writes still work, unpinned.
         loop->RegisterBuffers({&region, 1}).IgnoreError();
       });
     };
   }
-  ASSIGN_OR_RETURN(m->staging_, StagingPool::Create(m->options_.staging_memory, std::move(on_prefaulted)));
+  // An explicit staging_memory is faulted in at once, in the background;
+  // "auto" (0) grows to what the saves take, up to half the memory.
+  const uint64_t explicit_bytes = m->options_.staging_memory;
+  const uint64_t limit = explicit_bytes != 0 ? explicit_bytes : HalfOfMemory();
+  ASSIGN_OR_RETURN(m->staging_, StagingPool::Create(limit, explicit_bytes, std::move(on_grown)));
   if (m->options_.preemption.on_sigterm) {
     ManagerImpl* self = m.get();
     ASSIGN_OR_RETURN(m->sigterm_, SigtermWatcher::Install([self] { self->HandleSigterm(); }));
@@ -210,10 +236,12 @@ Result<SaveHandle> ManagerImpl::Skip(std::shared_ptr<SaveState> state, const std
   return SaveHandle(std::move(state));
 }
 
-Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json) {
+Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
+                                     std::shared_ptr<const void> keep_alive) {
   const Clock::time_point start = Clock::now();
   auto job = std::make_shared<SaveJob>();
   job->state = std::make_shared<SaveState>(step);
+  job->keep_alive = std::move(keep_alive);
   job->metadata = nlohmann::json::parse(metadata_json, nullptr, /*allow_exceptions=*/false);
   if (!job->metadata.is_object()) {
     return InvalidArgumentError("save of step " + std::to_string(step) + ": metadata must be a JSON object, got: " +
@@ -222,9 +250,29 @@ Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> te
   RETURN_IF_ERROR(CheckWritable("save step " + std::to_string(step)));
   ASSIGN_OR_RETURN(job->plan, PlanSave(step, tensors, options_));
   if (job->plan.staging_bytes > staging_->capacity()) {
-    return ResourceExhaustedError("save of step " + std::to_string(step) + " needs " +
-                                  FormatBytes(job->plan.staging_bytes) + " of staging memory, more than staging_memory (" +
-                                  FormatBytes(staging_->capacity()) + "): raise staging_memory or use snapshot \"borrow\"");
+    // More than staging can ever hold: written straight from the caller's
+    // buffers (staging holds the shard headers only), and Save() returns
+    // once they are written, so the caller may change them afterwards. The
+    // trainer waits for the write instead of a copy: said once.
+    const uint64_t wanted = job->plan.staging_bytes;
+    Options borrowed = options_;
+    borrowed.snapshot = SnapshotMode::kBorrow;
+    ASSIGN_OR_RETURN(job->plan, PlanSave(step, tensors, borrowed));
+    if (job->plan.staging_bytes > staging_->capacity()) {
+      return ResourceExhaustedError("save of step " + std::to_string(step) + ": its shard headers alone need " +
+                                    FormatBytes(job->plan.staging_bytes) + ", more than staging_memory (" +
+                                    FormatBytes(staging_->capacity()) + ")");
+    }
+    job->written_before_return = true;
+    if (!warned_written_before_return_.exchange(true)) {
+      std::fprintf(stderr,
+                   "ckptio: the save of step %lld needs %s of staging memory, more than staging_memory (%s): "
+                   "it is written straight from your buffers and save() returns once it is written, so "
+                   "training waits for the write. Raise staging_memory (config key \"staging_memory\") to "
+                   "overlap saves with training. (said once per manager)\n",
+                   static_cast<long long>(step), FormatBytes(wanted).c_str(),
+                   FormatBytes(staging_->capacity()).c_str());
+    }
   }
   {
     std::unique_lock lock(mu_);
@@ -263,6 +311,9 @@ Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> te
   job->region = staging_->base() + *job->staging_offset;
   const Clock::time_point snapshot_start = Clock::now();
   TakeSnapshot(job.get());
+  // A copy no longer needs the caller's buffers; borrowed ones stay held
+  // until written (ReleaseStaging).
+  if (!job->plan.borrow) job->keep_alive.reset();
   job->snapshot_end = Clock::now();
   if (tracer_) {
     tracer_->Span(runtime::Track::kSnapshot, "snapshot " + std::to_string(step), snapshot_start, job->snapshot_end,
@@ -276,6 +327,11 @@ Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> te
   }
   ManagerImpl* self = this;
   loop().Post([self, job] { runtime::Spawn(self->RunSave(job)); });
+  if (job->written_before_return) {
+    std::unique_lock lock(job->state->mu);
+    job->state->cv.wait(lock, [&] { return job->state->released || job->state->done; });
+    job->state->timings.snapshot_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  }
   return SaveHandle(job->state);
 }
 
@@ -358,6 +414,9 @@ Task<void> ManagerImpl::RunSave(std::shared_ptr<SaveJob> job) {
 }
 
 void ManagerImpl::ReleaseStaging(SaveJob* job) {
+  // Nothing reads the caller's buffers any more (written, or failed).
+  job->keep_alive.reset();
+  job->state->MarkReleased();
   if (!job->staging_offset) return;
   staging_->Free(*job->staging_offset, job->plan.staging_bytes);
   job->staging_offset.reset();

@@ -44,9 +44,11 @@ struct SaveState {
   mutable std::mutex mu;
   mutable std::condition_variable cv;
   bool done = false;     // guarded by mu
+  bool released = false;  // the caller's buffers are no longer read; guarded by mu
   Status status;         // guarded by mu
   SaveTimings timings;   // guarded by mu
 
+  void MarkReleased();
   void Finish(Status s);
 };
 
@@ -65,6 +67,11 @@ struct SaveJob {
   runtime::AsyncEvent crc_ready;
   std::vector<storage::FileImage> images;
   std::shared_ptr<SaveJob> previous;  // committed before this one
+  // Owns the caller's buffers (Save's keep_alive) until nothing reads them.
+  std::shared_ptr<const void> keep_alive;
+  // More than staging holds: written from the caller's buffers, and Save()
+  // returns only once they are written.
+  bool written_before_return = false;
   runtime::AsyncEvent ended;          // set when committed or failed
   Clock::time_point snapshot_end;
 };
@@ -75,7 +82,8 @@ class ManagerImpl {
                                                    std::shared_ptr<Barrier> barrier);
   ~ManagerImpl();
 
-  Result<SaveHandle> Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json);
+  Result<SaveHandle> Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
+                          std::shared_ptr<const void> keep_alive);
   Status WaitUntilFinished();
   void WaitUntilReady();
   Status RefreshNow();
@@ -179,6 +187,7 @@ class ManagerImpl {
   bool preempting_ = false;           // SIGTERM: new saves are refused...
   std::thread::id final_save_thread_;  // ...except from the final-save callback
   std::shared_ptr<SaveJob> last_job_;
+  std::atomic<bool> warned_written_before_return_{false};
   ManagerStats stats_;
 };
 

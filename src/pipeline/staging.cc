@@ -1,14 +1,14 @@
 #include "pipeline/staging.h"
 
-#include <sys/mman.h>
 #include <pthread.h>
+#include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 namespace ckptio::pipeline {
 namespace {
-constexpr uint64_t kHugePage = uint64_t{2} << 20;
 constexpr uint64_t kPrefaultChunk = uint64_t{64} << 20;
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -16,28 +16,27 @@ constexpr uint64_t kPrefaultChunk = uint64_t{64} << 20;
 uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
-Result<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t bytes, PrefaultedFn on_prefaulted) {
+Result<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t limit, uint64_t resident, GrownFn on_grown) {
   std::unique_ptr<StagingPool> pool(new StagingPool());
-  pool->on_prefaulted_ = std::move(on_prefaulted);
-  pool->capacity_ = RoundUp(std::max<uint64_t>(bytes, kAlign), kHugePage);
-  // Over-map by one huge page so the start can be huge-page aligned.
-  size_t map_len = pool->capacity_ + kHugePage;
-  void* p = ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  pool->on_grown_ = std::move(on_grown);
+  pool->capacity_ = RoundUp(std::max<uint64_t>(limit, kAlign), kGrowStep);
+  // Address space only: MAP_NORESERVE, and no page is touched here.
+  void* p = ::mmap(nullptr, pool->capacity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
   if (p == MAP_FAILED) {
-    return ErrnoToStatus(errno, "cannot allocate " + std::to_string(pool->capacity_) +
-                                    " bytes of staging memory (staging_memory)");
+    return ErrnoToStatus(errno, "cannot reserve " + std::to_string(pool->capacity_) +
+                                    " bytes of address space for staging memory (staging_memory)");
   }
-  auto raw = reinterpret_cast<uintptr_t>(p);
-  uintptr_t aligned = RoundUp(raw, kHugePage);
-  if (aligned > raw) ::munmap(p, aligned - raw);
-  uintptr_t end = aligned + pool->capacity_;
-  if (raw + map_len > end) ::munmap(reinterpret_cast<void*>(end), raw + map_len - end);
-  pool->base_ = reinterpret_cast<char*>(aligned);
-  pool->huge_pages_ = ::madvise(pool->base_, pool->capacity_, MADV_HUGEPAGE) == 0;
+  pool->base_ = static_cast<char*>(p);
+  (void)::madvise(pool->base_, pool->capacity_, MADV_NOHUGEPAGE);  // see the header
   pool->free_[0] = pool->capacity_;
   pool->free_bytes_ = pool->capacity_;
-  StagingPool* raw_pool = pool.get();
-  pool->prefault_ = std::thread([raw_pool] { raw_pool->Prefault(); });
+  {
+    std::lock_guard lock(pool->mu_);
+    pool->WantResident(resident);
+  }
+  StagingPool* raw = pool.get();
+  pool->prefault_ = std::thread([raw] { raw->PrefaultLoop(); });
   return pool;
 }
 
@@ -47,26 +46,62 @@ StagingPool::~StagingPool() {
 }
 
 void StagingPool::StopPrefault() {
-  stop_ = true;
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
   if (prefault_.joinable()) prefault_.join();
 }
 
-void StagingPool::Prefault() {
+void StagingPool::WantResident(uint64_t end) {
+  end = std::min(RoundUp(end, kGrowStep), capacity_);
+  if (end <= target_) return;
+  target_ = end;
+  cv_.notify_all();
+}
+
+void StagingPool::PrefaultLoop() {
   pthread_setname_np(pthread_self(), "ckptio-prefault");
-  for (uint64_t off = 0; off < capacity_ && !stop_; off += kPrefaultChunk) {
-    uint64_t n = std::min(kPrefaultChunk, capacity_ - off);
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stop_ || resident_ < target_; });
+    if (stop_) break;
+    const uint64_t off = resident_;
+    const uint64_t n = std::min(kPrefaultChunk, target_ - off);
+    lock.unlock();
     if (::madvise(base_ + off, n, MADV_POPULATE_WRITE) != 0) {
       // Kernels before 5.14: touch one byte per page instead.
       for (uint64_t i = 0; i < n; i += kAlign) base_[off + i] = 0;
     }
+    const bool locked = ::mlock(base_ + off, n) == 0;
+    lock.lock();
+    resident_ = off + n;
+    locked_ = locked_ && locked;
+    cv_.notify_all();
+    if (resident_ == target_ && on_grown_ && !stop_) {
+      const uint64_t resident = resident_;
+      lock.unlock();
+      on_grown_(base_, resident);
+      lock.lock();
+    }
   }
-  if (!stop_) locked_ = ::mlock(base_, capacity_) == 0;
-  if (!stop_ && on_prefaulted_) on_prefaulted_(base_, capacity_);
-  prefault_done_ = true;
-  prefault_done_.notify_all();
 }
 
-void StagingPool::WaitPrefaulted() { prefault_done_.wait(false); }
+void StagingPool::WaitPrefaulted() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [this] { return stop_ || resident_ >= target_; });
+}
+
+uint64_t StagingPool::resident_bytes() const {
+  std::lock_guard lock(mu_);
+  return resident_;
+}
+
+bool StagingPool::locked() const {
+  std::lock_guard lock(mu_);
+  return locked_ && resident_ > 0;
+}
 
 std::optional<uint64_t> StagingPool::TryAllocate(uint64_t bytes) {
   bytes = RoundUp(std::max<uint64_t>(bytes, 1), kAlign);
@@ -78,6 +113,7 @@ std::optional<uint64_t> StagingPool::TryAllocate(uint64_t bytes) {
     free_.erase(it);
     if (rest > 0) free_[off + bytes] = rest;
     free_bytes_ -= bytes;
+    WantResident(off + bytes);
     return off;
   }
   return std::nullopt;

@@ -77,7 +77,7 @@ class ScopedEnv {
 
 TEST_CASE("default Options hold the documented defaults") {
   Options o;
-  CHECK(o.staging_memory == 2 * kGiB);
+  CHECK(o.staging_memory == 0);  // "auto": grows to what the saves need
   CHECK(o.shard_size == 256 * kMiB);
   CHECK(o.snapshot == SnapshotMode::kCopy);
   CHECK(o.on_busy == OnBusy::kWait);
@@ -326,7 +326,21 @@ TEST_CASE("gcs.connections must be between 1 and 1024") {
 
 TEST_CASE("an integer too large for its field is refused, not truncated") {
   CHECK(ErrorOf(R"({"keep": 4294967299})") ==
-        "config test.json: key \"keep\": must be at least 0, got 4294967299");
+        "config test.json: key \"keep\": must be at most 2147483647, got 4294967299");
+  // Reported: 2^31 was answered with "must be at least 0".
+  CHECK(ErrorOf(R"({"keep": 2147483648})") ==
+        "config test.json: key \"keep\": must be at most 2147483647, got 2147483648");
+  CHECK(ErrorOf(R"({"keep": 1e20})") == "config test.json: key \"keep\": must be at most 2147483647, got 1e+20");
+  CHECK(ErrorOf(R"({"keep": 18446744073709551615})") ==
+        "config test.json: key \"keep\": must be at most 2147483647, got 18446744073709551615");
+  CHECK(ErrorOf(R"({"gcs": {"connections": 99999999999999999999}})") ==
+        "config test.json: key \"gcs.connections\": must be between 1 and 1024, got 1e+20");
+}
+
+TEST_CASE("staging_memory is a size or \"auto\"") {
+  CHECK(Parse(R"({"staging_memory": "auto"})").staging_memory == 0);
+  CHECK(Parse(R"({"staging_memory": "3GiB"})").staging_memory == 3 * kGiB);
+  CHECK(ErrorOf(R"({"staging_memory": "automatic"})").find("staging_memory") != std::string::npos);
 }
 
 TEST_CASE("gcs.http_version must be \"1.1\" or \"2\"") {
@@ -486,7 +500,7 @@ TEST_CASE("the defaults document puts a comment line before every key") {
 
 TEST_CASE("the defaults document writes sizes and durations in human form") {
   const std::string doc = DefaultsDocument();
-  CHECK(Contains(doc, "\"staging_memory\": \"2GiB\""));
+  CHECK(Contains(doc, "\"staging_memory\": \"auto\""));
   CHECK(Contains(doc, "\"shard_size\": \"256MiB\""));
   CHECK(Contains(doc, "\"grace\": \"30s\""));
   CHECK(Contains(doc, "\"initial_backoff\": \"200ms\""));
