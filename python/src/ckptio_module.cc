@@ -12,6 +12,10 @@
 //    listings, staging), Save (the snapshot copy, or backpressure), waits,
 //    Restore, Verify, Delete. The caller's arrays stay referenced by the
 //    caller's lists for the whole call, so releasing the GIL is safe.
+//  - A save holds a reference to its arrays until nothing reads them (right
+//    after the copy, or once written with snapshot "borrow"): a temporary
+//    the package made, or a state the trainer rebinds, stays alive as long
+//    as ckptio reads it (HeldObjects).
 //  - Waits run in slices: PyErr_CheckSignals() between slices, so Ctrl-C
 //    raises KeyboardInterrupt at once while the save carries on in the
 //    background (the manager's WaitUntilFinished runs on a helper thread; a
@@ -108,6 +112,67 @@ class SignalsBlocked {
   sigset_t old_;
 };
 
+// Python objects a save holds while ckptio reads their memory (the arrays of
+// a borrow-mode save, or a temporary contiguous copy the package made). The
+// manager drops its reference on a ckptio thread, which may not touch
+// Python: the object is queued here and released by the interpreter's main
+// thread at its next chance (Py_AddPendingCall), or by the next call into
+// ckptio, whichever comes first.
+class HeldObjects {
+ public:
+  // A keep_alive for CheckpointManager::Save that owns a reference to `obj`.
+  // REQUIRES: the GIL is held.
+  static std::shared_ptr<const void> Hold(const py::handle& obj) {
+    PyObject* raw = obj.ptr();
+    Py_INCREF(raw);
+    return std::shared_ptr<const void>(raw, [](const void* p) { Release(static_cast<const PyObject*>(p)); });
+  }
+
+  // Drops every reference queued so far. REQUIRES: the GIL is held.
+  static void Drain() {
+    std::vector<PyObject*> done;
+    {
+      std::lock_guard lock(mu());
+      done.swap(queue());
+      scheduled() = false;
+    }
+    for (PyObject* o : done) Py_DECREF(o);
+  }
+
+ private:
+  static void Release(const PyObject* p) {
+    if (Py_IsInitialized() == 0) return;  // at exit: the interpreter is gone, leak it
+    bool schedule = false;
+    {
+      std::lock_guard lock(mu());
+      queue().push_back(const_cast<PyObject*>(p));
+      schedule = !std::exchange(scheduled(), true);
+    }
+    // Safe without the GIL. If the queue of pending calls is full, the next
+    // call into ckptio drains instead.
+    if (schedule && Py_AddPendingCall(&DrainPending, nullptr) != 0) {
+      std::lock_guard lock(mu());
+      scheduled() = false;
+    }
+  }
+  static int DrainPending(void*) {
+    Drain();
+    return 0;
+  }
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<PyObject*>& queue() {
+    static auto* q = new std::vector<PyObject*>();  // never destroyed: used at exit
+    return *q;
+  }
+  static bool& scheduled() {
+    static bool s = false;
+    return s;
+  }
+};
+
 // Calls `done()` (with the GIL released) until it returns true, waking every
 // `slice` to let Python run its signal handlers: a KeyboardInterrupt (or any
 // exception a handler raises) propagates as py::error_already_set.
@@ -120,6 +185,7 @@ void WaitInSlices(DoneFn&& done_within) {
       py::gil_scoped_release release;
       done = done_within(50ms);
     }
+    HeldObjects::Drain();  // buffers of saves that ended meanwhile go now, not after the wait
     if (done) return;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
@@ -290,6 +356,7 @@ class PyManager {
   py::object Save(int64_t step, const py::list& names, const py::list& dtypes, const py::list& arrays,
                   const std::string& metadata_json) {
     auto m = Get();
+    HeldObjects::Drain();
     TakeUncollectedWaitError();
     const size_t n = py::len(names);
     if (py::len(dtypes) != n || py::len(arrays) != n) {
@@ -298,10 +365,15 @@ class PyManager {
     std::vector<TensorRef> refs;
     refs.reserve(n);
     for (size_t i = 0; i < n; ++i) refs.push_back(Ref(names[i], dtypes[i], arrays[i]));
+    // The manager holds the arrays (the caller's, or copies the package made
+    // contiguous) until nothing reads them: the caller may drop its own
+    // references as soon as save() returns, in borrow mode too.
+    std::shared_ptr<const void> keep_alive = HeldObjects::Hold(arrays);
     Result<SaveHandle> handle = [&] {
       py::gil_scoped_release release;
-      return m->Save(step, refs, metadata_json);
+      return m->Save(step, refs, metadata_json, std::move(keep_alive));
     }();
+    HeldObjects::Drain();  // a copy-mode save let go of them already
     return py::cast(PySaveHandle(Take(std::move(handle))));
   }
 
