@@ -74,7 +74,8 @@ class ServiceAccount final : public TokenAuth {
     r.body = FormBody({{"grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"}, {"assertion", jwt}});
     auto resp = co_await http_.Send(std::move(r));
     const std::string what = "get an access token for " + email_ + " from " + token_uri_;
-    Outcome o = Classify(resp, what);
+    const std::string secrets[] = {jwt};
+    Outcome o = Classify(resp, what, secrets);
     if (!o.status.ok()) co_return o.status;
     co_return ParseTokenResponse(*resp, what);
   }
@@ -119,6 +120,7 @@ class AuthorizedUser final : public TokenAuth {
   std::string Describe() const override { return "authorized user (client " + client_id_ + ")"; }
 
  protected:
+  std::vector<std::string> OwnSecrets() const override { return {refresh_token_, client_secret_}; }
   Task<Result<Token>> Fetch() override {
     http::Request r;
     r.method = "POST";
@@ -130,7 +132,7 @@ class AuthorizedUser final : public TokenAuth {
                        {"refresh_token", refresh_token_}});
     auto resp = co_await http_.Send(std::move(r));
     const std::string what = "refresh the access token of client " + client_id_ + " at " + token_uri_;
-    Outcome o = Classify(resp, what);
+    Outcome o = Classify(resp, what, OwnSecrets());
     if (!o.status.ok()) co_return o.status;
     co_return ParseTokenResponse(*resp, what);
   }
@@ -202,12 +204,20 @@ Result<TokenAuth::Token> TokenAuth::ParseTokenResponse(const http::Response& r, 
   return Token{j["access_token"].get<std::string>(), std::chrono::seconds(j["expires_in"].get<int64_t>())};
 }
 
+std::vector<std::string> TokenAuth::Secrets() const {
+  std::vector<std::string> out = OwnSecrets();
+  out.push_back(token_);
+  out.push_back(previous_token_);
+  return out;
+}
+
 Task<Status> TokenAuth::Refresh() {
   Backoff backoff(retry_);
   for (;;) {
     auto token = co_await Fetch();
     if (token.ok()) {
       ++fetched_;
+      if (!token_.empty()) previous_token_ = std::move(token_);
       token_ = std::move(token->access_token);
       auto lifetime = std::max(token->expires_in - kRefreshMargin, token->expires_in / 2);
       refresh_at_ = Clock::now() + lifetime;

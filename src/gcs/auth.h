@@ -16,6 +16,8 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ckptio/options.h"
 #include "ckptio/status.h"
@@ -35,6 +37,9 @@ class AuthProvider {
   virtual void Invalidate() = 0;
   // What kind of credentials, and whose; no secrets.
   virtual std::string Describe() const = 0;
+  // The secrets requests may carry (the current and the previous access
+  // token, a refresh token, ...), to redact from what servers answer.
+  virtual std::vector<std::string> Secrets() const { return {}; }
   // Tokens fetched so far (tests check refresh and sharing).
   virtual int tokens_fetched() const { return 0; }
 };
@@ -45,8 +50,13 @@ class TokenAuth : public AuthProvider {
   TokenAuth(runtime::Loop& loop, http::HttpClient& http, Options::Gcs::Retry retry)
       : loop_(loop), http_(http), retry_(retry) {}
   Task<Result<std::string>> Header() final;
-  void Invalidate() final { token_.clear(); }
+  void Invalidate() final {
+    if (!token_.empty()) previous_token_ = std::exchange(token_, {});
+  }
   int tokens_fetched() const final { return fetched_; }
+  // The tokens, and the subclass's own secrets. (The previous token too: a
+  // request sent with it may be answered after a refresh.)
+  std::vector<std::string> Secrets() const final;
 
  protected:
   struct Token {
@@ -57,6 +67,8 @@ class TokenAuth : public AuthProvider {
   virtual Task<Result<Token>> Fetch() = 0;
   // Parses {"access_token": ..., "expires_in": ...} from a token endpoint.
   static Result<Token> ParseTokenResponse(const http::Response& r, const std::string& what);
+  // Secrets of the subclass (a refresh token, a client secret).
+  virtual std::vector<std::string> OwnSecrets() const { return {}; }
 
   runtime::Loop& loop_;
   http::HttpClient& http_;
@@ -66,6 +78,7 @@ class TokenAuth : public AuthProvider {
 
   Options::Gcs::Retry retry_;
   std::string token_;
+  std::string previous_token_;
   std::chrono::steady_clock::time_point refresh_at_;
   bool refreshing_ = false;
   runtime::AsyncEvent refreshed_;

@@ -8,6 +8,7 @@
 #include "gcs/gcs_url.h"
 #include "gcs/retry.h"
 #include "runtime/io_ops.h"
+#include "runtime/redact.h"
 
 namespace ckptio::gcs {
 namespace {
@@ -132,6 +133,14 @@ Task<Status> GcsClient::Authorize(http::Request* r) {
   co_return Status::Ok();
 }
 
+std::vector<std::string> GcsClient::Secrets() const {
+  std::vector<std::string> out = auth_.Secrets();
+  for (const auto& [name, value] : options_.headers) {
+    if (runtime::LooksLikeCredential(value)) out.push_back(value);
+  }
+  return out;
+}
+
 Task<Result<http::Response>> GcsClient::Call(std::string what, const std::function<http::Request()>& make) {
   Backoff backoff(options_.retry);
   bool refreshed = false;
@@ -140,7 +149,7 @@ Task<Result<http::Response>> GcsClient::Call(std::string what, const std::functi
     CO_TRY(co_await Authorize(&r));
     ++stats_.requests;
     auto resp = co_await http_.Send(std::move(r));
-    Outcome o = Classify(resp, what);
+    Outcome o = Classify(resp, what, Secrets());
     if (o.status.ok()) co_return resp;
     if (o.unauthorized && !refreshed) {
       auth_.Invalidate();  // one fresh token, then a 401 is final
@@ -265,7 +274,7 @@ Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name,
       if (committed < sent_end) stats_.bytes_resent += std::min(sent_end, committed + len) - committed;
       resp = co_await SendChunk(session, source, committed, len, last);
       sent_end = std::max(sent_end, committed + len);
-      failure = Classify(resp, what);
+      failure = Classify(resp, what, Secrets());
       if (!failure.status.ok()) break;
       if (resp->status != 308) break;  // 200/201: the object exists
       committed = CommittedBytes(*resp);
@@ -289,7 +298,7 @@ Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name,
         slept.IgnoreError();
       }
       resp = co_await QuerySession(session, source->size);
-      failure = Classify(resp, what);
+      failure = Classify(resp, what, Secrets());
       if (failure.status.ok() && resp->status == 308) {
         committed = CommittedBytes(*resp);
         break;  // resend from there

@@ -104,6 +104,9 @@ class GcsClient {
                                          uint64_t offset, uint64_t len, bool last);
   Task<Result<http::Response>> QuerySession(const std::string& session, uint64_t total);
   Task<Status> Authorize(http::Request* r);
+  // What the requests carry that no error may show: the tokens, and the
+  // configured header values that look like credentials.
+  std::vector<std::string> Secrets() const;
   std::string ObjectUrl(const std::string& bucket, const std::string& name) const;
   std::string WithUserProject(std::string url) const;
 

@@ -3,19 +3,27 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "runtime/redact.h"
+
 namespace ckptio::gcs {
 namespace {
 
 // GCS error bodies: {"error": {"code": 503, "message": "..."}}; fall back to
-// the start of the body for anything else (an HTML page from a proxy).
-std::string ServerMessage(const http::Response& r) {
+// the start of the body for anything else (an HTML page from a proxy). The
+// credentials are redacted before the body is cut to 200 bytes, so that no
+// prefix of one survives the cut (tokens are shorter than the 4 KiB more
+// looked at).
+std::string ServerMessage(const http::Response& r, std::span<const std::string> secrets) {
   auto j = nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
   if (j.is_object() && j.contains("error")) {
     const auto& e = j["error"];
-    if (e.is_object() && e.contains("message") && e["message"].is_string()) return e["message"].get<std::string>();
-    if (e.is_string()) return e.get<std::string>();
+    if (e.is_object() && e.contains("message") && e["message"].is_string()) {
+      return runtime::RedactCredentials(e["message"].get<std::string>(), secrets);
+    }
+    if (e.is_string()) return runtime::RedactCredentials(e.get<std::string>(), secrets);
   }
-  std::string body = r.body.substr(0, 200);
+  std::string body =
+      runtime::RedactCredentials(std::string_view(r.body).substr(0, 200 + 4096), secrets).substr(0, 200);
   for (char& c : body) {
     if (c == '\n' || c == '\r') c = ' ';
   }
@@ -24,7 +32,8 @@ std::string ServerMessage(const http::Response& r) {
 
 }  // namespace
 
-Outcome Classify(const Result<http::Response>& result, std::string_view what) {
+Outcome Classify(const Result<http::Response>& result, std::string_view what,
+                 std::span<const std::string> secrets) {
   if (!result.ok()) {
     StatusCode c = result.status().code();
     bool transient = c == StatusCode::kUnavailable || c == StatusCode::kDeadlineExceeded;
@@ -32,7 +41,7 @@ Outcome Classify(const Result<http::Response>& result, std::string_view what) {
   }
   const long s = result->status;
   if ((s >= 200 && s < 300) || s == 308) return {Status::Ok(), false, false};
-  std::string m = std::string(what) + ": HTTP " + std::to_string(s) + ": " + ServerMessage(*result);
+  std::string m = std::string(what) + ": HTTP " + std::to_string(s) + ": " + ServerMessage(*result, secrets);
   if (s == 408 || s == 429 || s >= 500) return {UnavailableError(std::move(m)), true, false};
   switch (s) {
     case 401: return {Status(StatusCode::kPermissionDenied, std::move(m)), false, true};

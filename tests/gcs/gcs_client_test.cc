@@ -452,6 +452,22 @@ TEST_CASE_FIXTURE(Fixture, "a 401 in the middle of an upload refreshes the token
   CHECK(ReadBack(name, data.size()) == data);
 }
 
+TEST_CASE_FIXTURE(Fixture, "a server error that echoes the request shows its words but not our token") {
+  UseAuth(std::move(ServiceAccountAuth(*loop, *http, options, ReadFile(Env("CKPTIO_TEST_SA_KEY")), "sa.json")).value());
+  control->SetRules(Json::array({{{"method", "POST"},
+                                  {"path", "uploadType=media"},
+                                  {"status", 400},
+                                  {"message", "Invalid argument"},
+                                  {"echo_request_headers", true}}}));
+  auto meta = Upload(UniqueName("echo"), "data");
+  REQUIRE(auth->tokens_fetched() == 1);  // a token was sent, and echoed
+  CHECK(meta.status().code() == StatusCode::kInvalidArgument);
+  const std::string& m = meta.status().message();
+  CHECK(m.find("HTTP 400: Invalid argument; you sent: {") != std::string::npos);
+  CHECK(m.find("'Authorization': 'Bearer <redacted>'") != std::string::npos);
+  CHECK(m.find("ya29.") == std::string::npos);
+}
+
 TEST_CASE_FIXTURE(Fixture, "concurrent requests share one token fetch, and a token is refreshed before it expires") {
   // with_gcs.py runs this binary with --token-expires-in 4: refresh after 2 s.
   UseAuth(std::move(ServiceAccountAuth(*loop, *http, options, ReadFile(Env("CKPTIO_TEST_SA_KEY")), "sa.json")).value());

@@ -68,6 +68,11 @@ def test_no_secret_reaches_output_errors_traces_or_config(kind, tmp_path, run, g
     assert ckptio("verify", root).returncode != 0
     gcs_proxy.set_rules([{"method": "POST", "status": 503}])
     assert ckptio("save", root, "--step", 3, "--from", data).returncode != 0
+    # A server whose error echoes the request, Authorization header and all.
+    gcs_proxy.set_rules([{"method": "GET", "status": 400, "message": "Invalid argument",
+                          "echo_request_headers": True}])
+    echoed = ckptio("ls", root)
+    assert echoed.returncode != 0 and "you sent:" in echoed.stderr and "Bearer <redacted>" in echoed.stderr
     gcs_proxy.set_rules([])
     show = ckptio("config", "show")
     assert show.returncode == 0 and "Authorization-Extra" in show.stdout
