@@ -115,6 +115,11 @@ struct Options {
     std::string http_version = "1.1";
     // PEM file of CA certificates to trust for https; empty = the system's.
     std::string ca_file;
+    // Send credentials (an OAuth2 bearer token) to an http:// endpoint.
+    // Off: anyone on the path could read the token and use it for an hour,
+    // so a plain-http endpoint gets a request only when it is an emulator
+    // (STORAGE_EMULATOR_HOST, which needs no credentials) or this is set.
+    bool allow_http_credentials = false;
     friend bool operator==(const Gcs&, const Gcs&) = default;
   } gcs;
 

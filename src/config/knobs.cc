@@ -257,6 +257,9 @@ const std::vector<Knob>& Table() {
       String(CKPTIO_KNOB(gcs.http_version), "HTTP version: \"1.1\" or \"2\".", CheckHttpVersion),
       String(CKPTIO_KNOB(gcs.ca_file), "PEM file of CA certificates to trust for https; empty = the system's.",
              CheckNoControlChars),
+      Bool(CKPTIO_KNOB(gcs.allow_http_credentials),
+           "Send the access token to an http:// gcs.endpoint (anyone on the path could read it); "
+           "false = only https, or an emulator via $STORAGE_EMULATOR_HOST, which gets no token."),
 
       Group("preemption", "Preemptible machines."),
       Bool(CKPTIO_KNOB(preemption.on_sigterm), "Save and exit when SIGTERM arrives."),

@@ -172,6 +172,7 @@ class NoAuth final : public AuthProvider {
  public:
   Task<Result<std::string>> Header() override { co_return std::string(); }
   void Invalidate() override {}
+  bool SendsCredentials() const override { return false; }
   std::string Describe() const override { return "no credentials (emulator)"; }
 };
 

@@ -33,6 +33,8 @@ class AuthProvider {
   virtual ~AuthProvider() = default;
   // The header line to send ("Authorization: Bearer ..."), or "" for none.
   virtual Task<Result<std::string>> Header() = 0;
+  // False iff Header() never sends anything (an emulator).
+  virtual bool SendsCredentials() const { return true; }
   // A request was refused with 401: forget the cached token.
   virtual void Invalidate() = 0;
   // What kind of credentials, and whose; no secrets.

@@ -126,6 +126,14 @@ std::string GcsClient::WithUserProject(std::string url) const {
 }
 
 Task<Status> GcsClient::Authorize(http::Request* r) {
+  // Checked before a token is even fetched: over plain http anyone on the
+  // path could read the token and use it for an hour.
+  if (auth_.SendsCredentials() && !options_.allow_http_credentials && endpoint_.rfind("http://", 0) == 0) {
+    co_return FailedPreconditionError(
+        "refusing to send GCS credentials (" + auth_.Describe() + ") over plain http to " + endpoint_ +
+        ": use an https:// endpoint, set STORAGE_EMULATOR_HOST for an emulator (which gets no credentials), or "
+        "set gcs.allow_http_credentials to true if the path to this endpoint is trusted");
+  }
   auto header = co_await auth_.Header();
   if (!header.ok()) co_return header.status().WithContext("cannot authenticate to GCS with " + auth_.Describe());
   if (!header->empty()) r->headers.push_back(std::move(*header));
@@ -146,7 +154,8 @@ Task<Result<http::Response>> GcsClient::Call(std::string what, const std::functi
   bool refreshed = false;
   for (;;) {
     http::Request r = make();
-    CO_TRY(co_await Authorize(&r));
+    Status authorized = co_await Authorize(&r);
+    if (!authorized.ok()) co_return std::move(authorized).WithContext(what);
     ++stats_.requests;
     auto resp = co_await http_.Send(std::move(r));
     Outcome o = Classify(resp, what, Secrets());

@@ -516,6 +516,7 @@ TEST_CASE("ToJson is strict JSON that parses back to the same Options") {
   o.gcs.headers = {{"X-Custom", "v"}};
   o.gcs.user_project = "billing";
   o.gcs.http_version = "2";
+  o.gcs.allow_http_credentials = true;
   o.preemption = {.on_sigterm = true, .grace = 1min};
   const std::string text = ToJson(o);
   CHECK(nlohmann::json::accept(text));  // no comments: any JSON tool can read the dump

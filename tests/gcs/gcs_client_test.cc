@@ -57,6 +57,7 @@ struct Fixture {
     options.retry.max_attempts = 5;
     options.retry.initial_backoff = std::chrono::milliseconds(5);
     options.retry.max_backoff = std::chrono::milliseconds(50);
+    options.allow_http_credentials = true;  // the proxy is plain http on 127.0.0.1
     UseAuth(std::move(MakeAuth(*loop, *http, options, /*emulator=*/true)).value());
   }
   ~Fixture() { if (!std::getenv("CKPTIO_KEEP_PROXY_LOG")) control->Reset(); }
@@ -450,6 +451,23 @@ TEST_CASE_FIXTURE(Fixture, "a 401 in the middle of an upload refreshes the token
   REQUIRE(Upload(name, data).ok());
   CHECK(auth->tokens_fetched() == 2);
   CHECK(ReadBack(name, data.size()) == data);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a token is not sent to a plain http endpoint without gcs.allow_http_credentials") {
+  options.allow_http_credentials = false;
+  UseAuth(std::move(ServiceAccountAuth(*loop, *http, options, ReadFile(Env("CKPTIO_TEST_SA_KEY")), "sa.json")).value());
+  const std::string name = UniqueName("plain-http");
+  auto meta = Upload(name, "data");
+  CHECK(meta.status().code() == StatusCode::kFailedPrecondition);
+  const std::string& m = meta.status().message();
+  CHECK(m.find("upload " + GsUrl(bucket, name)) != std::string::npos);
+  CHECK(m.find("over plain http to " + Env("STORAGE_EMULATOR_HOST")) != std::string::npos);
+  CHECK(m.find("gcs.allow_http_credentials") != std::string::npos);
+  CHECK(auth->tokens_fetched() == 0);  // refused before a token was even fetched
+  CHECK(control->Log().empty());       // and nothing reached the endpoint
+  // Without credentials (an emulator) the same endpoint is used as before.
+  UseAuth(std::move(MakeAuth(*loop, *http, options, /*emulator=*/true)).value());
+  REQUIRE(Upload(name, "data").ok());
 }
 
 TEST_CASE_FIXTURE(Fixture, "a server error that echoes the request shows its words but not our token") {

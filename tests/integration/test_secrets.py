@@ -43,7 +43,8 @@ def test_no_secret_reaches_output_errors_traces_or_config(kind, tmp_path, run, g
     trace = tmp_path / "trace.json"
     config = tmp_path / "c.json"
     config.write_text(json.dumps({
-        "gcs": {"endpoint": gcs_proxy.url, "chunk_size": "256KiB", "headers": {"Authorization-Extra": SECRET_HEADER},
+        "gcs": {"endpoint": gcs_proxy.url, "allow_http_credentials": True, "chunk_size": "256KiB",
+                "headers": {"Authorization-Extra": SECRET_HEADER},
                 "retry": {"max_attempts": 2, "initial_backoff": "1ms", "max_backoff": "5ms"}},
         "trace": {"path": str(trace)}}))
     data = tmp_path / "in.safetensors"
@@ -86,3 +87,20 @@ def test_no_secret_reaches_output_errors_traces_or_config(kind, tmp_path, run, g
         assert secret not in text, f"a secret leaked ({secret[:4]}...)"
     # The proxy saw the real header on the wire (it was sent, just never printed).
     assert any(e.get("bearer_ok") for e in gcs_proxy.log())
+
+
+def test_a_token_goes_to_a_plain_http_endpoint_only_with_the_opt_in(tmp_path, run, gcs_env, gcs_auth, gcs_proxy,
+                                                                    gcs_bucket):
+    env = env_for(gcs_env, gcs_auth.tokens.sa_key_path)
+    config = tmp_path / "c.json"
+    root = f"gs://{gcs_bucket}/plain-http"
+    issued = len(gcs_auth.registry.tokens())
+    config.write_text(json.dumps({"gcs": {"endpoint": gcs_proxy.url}}))
+    refused = run("ls", root, "--config", config, check=False, env=env)
+    assert refused.returncode != 0
+    assert f"over plain http to {gcs_proxy.url}" in refused.stderr
+    assert "gcs.allow_http_credentials" in refused.stderr and root in refused.stderr
+    assert gcs_proxy.log() == [] and len(gcs_auth.registry.tokens()) == issued  # no token fetched, none sent
+    config.write_text(json.dumps({"gcs": {"endpoint": gcs_proxy.url, "allow_http_credentials": True}}))
+    assert run("ls", root, "--config", config, env=env).returncode == 0
+    assert gcs_proxy.log() and all(e["authorization"] == "Bearer" for e in gcs_proxy.log())
