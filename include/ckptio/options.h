@@ -107,7 +107,9 @@ struct Options {
       friend bool operator==(const Timeouts&, const Timeouts&) = default;
     } timeouts;
     // Extra headers on every request (e.g. for a proxy). Values of
-    // secret-looking headers (Authorization, ...) are redacted when printed.
+    // secret-looking headers (Authorization, ...) and values that look like
+    // credentials ("Bearer ...", "ya29.", long tokens) are redacted when
+    // printed.
     std::map<std::string, std::string> headers;
     // Bill requests to this project (requester-pays buckets); empty = none.
     std::string user_project;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/units.h"
+#include "runtime/redact.h"
 
 namespace ckptio::config {
 namespace {
@@ -250,7 +251,8 @@ const std::vector<Knob>& Table() {
       Duration(CKPTIO_KNOB(gcs.timeouts.stall),
                "Abort a transfer that moves no bytes for this long.", milliseconds(1)),
       Headers(CKPTIO_KNOB(gcs.headers),
-              "Extra headers on every request; secret-looking values are redacted when printed."),
+              "Extra headers on every request; values of secret-named headers and values that look like "
+              "credentials (\"Bearer ...\", \"ya29.\", long tokens) are redacted when printed."),
       String(CKPTIO_KNOB(gcs.user_project),
              "Bill requests to this project (requester-pays buckets); empty = none.",
              CheckNoControlChars),
@@ -486,8 +488,8 @@ std::string Render(const HeadersSpec& s, const Options& o, bool redact) {
   std::string out = "{";
   for (const auto& [name, value] : s.field.get(o)) {
     if (out.size() > 1) out += ", ";
-    out += json(name).dump() + ": " +
-           json(redact && IsSecretHeader(name) ? std::string("<redacted>") : value).dump();
+    const bool hide = redact && IsSecretValue(name, value);
+    out += json(name).dump() + ": " + json(hide ? std::string("<redacted>") : value).dump();
   }
   return out + "}";
 }
@@ -558,6 +560,10 @@ std::string DescribeJson(const json& v) {
     case json::value_t::object: return "an object";
     default: return "an unsupported value";
   }
+}
+
+bool IsSecretValue(std::string_view name, std::string_view value) {
+  return IsSecretHeader(name) || runtime::LooksLikeCredential(value);
 }
 
 bool IsSecretHeader(std::string_view name) {

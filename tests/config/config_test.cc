@@ -533,6 +533,23 @@ TEST_CASE("ToJson redacts the value of an Authorization header") {
   CHECK(headers["X-Trace"] == "on");
 }
 
+TEST_CASE("ToJson redacts a header value that looks like a credential, whatever the header is called") {
+  Options o;
+  o.gcs.headers = {{"X-Upstream", "Bearer ya29.a0AfB-upstream"},
+                   {"X-Forward", "basic dXNlcjpwYXNzd29yZA=="},
+                   {"X-Passthrough", "ya29.c.passthrough"},
+                   {"X-Opaque", "3kq9Zr8LmQ2vXy7TbNw4GOCSPX12"},
+                   {"X-Goog-User-Project", "my-billing-project"},
+                   {"X-Trace", "on"}};
+  const auto headers = nlohmann::json::parse(ToJson(o))["gcs"]["headers"];
+  CHECK(headers["X-Upstream"] == "<redacted>");
+  CHECK(headers["X-Forward"] == "<redacted>");
+  CHECK(headers["X-Passthrough"] == "<redacted>");
+  CHECK(headers["X-Opaque"] == "<redacted>");
+  CHECK(headers["X-Goog-User-Project"] == "my-billing-project");
+  CHECK(headers["X-Trace"] == "on");
+}
+
 TEST_CASE("ToJson redacts credentials in the endpoint URL") {
   Options o;
   o.gcs.endpoint = "https://user:hunter2@proxy.example:8443/storage";

@@ -11,6 +11,8 @@ from safetensors.numpy import save_file
 import numpy as np
 
 SECRET_HEADER = "Bearer header-secret-0123456789"
+# A credential under a header name that says nothing about secrets.
+INNOCENT_NAMED_HEADER = ("X-Upstream", "Bearer upstream-secret-9876543210")
 
 
 def secrets_of(testbed):
@@ -21,6 +23,7 @@ def secrets_of(testbed):
     au = json.load(open(testbed.tokens.authorized_user_path))
     out += [au["refresh_token"], au["client_secret"]]
     out.append(SECRET_HEADER.split()[1])
+    out.append(INNOCENT_NAMED_HEADER[1].split()[1])
     return [s for s in out if len(s) >= 8]
 
 
@@ -44,7 +47,7 @@ def test_no_secret_reaches_output_errors_traces_or_config(kind, tmp_path, run, g
     config = tmp_path / "c.json"
     config.write_text(json.dumps({
         "gcs": {"endpoint": gcs_proxy.url, "allow_http_credentials": True, "chunk_size": "256KiB",
-                "headers": {"Authorization-Extra": SECRET_HEADER},
+                "headers": {"Authorization-Extra": SECRET_HEADER, INNOCENT_NAMED_HEADER[0]: INNOCENT_NAMED_HEADER[1]},
                 "retry": {"max_attempts": 2, "initial_backoff": "1ms", "max_backoff": "5ms"}},
         "trace": {"path": str(trace)}}))
     data = tmp_path / "in.safetensors"
@@ -76,7 +79,7 @@ def test_no_secret_reaches_output_errors_traces_or_config(kind, tmp_path, run, g
     assert echoed.returncode != 0 and "you sent:" in echoed.stderr and "Bearer <redacted>" in echoed.stderr
     gcs_proxy.set_rules([])
     show = ckptio("config", "show")
-    assert show.returncode == 0 and "Authorization-Extra" in show.stdout
+    assert show.returncode == 0 and "Authorization-Extra" in show.stdout and INNOCENT_NAMED_HEADER[0] in show.stdout
     assert trace.exists()
     outputs.append(trace.read_text())
 
