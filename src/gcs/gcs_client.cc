@@ -63,6 +63,13 @@ Status CheckStored(const ObjectMeta& meta, const UploadSource* source, const std
   return Status::Ok();
 }
 
+// The CRC32C the data has, if the caller gave one (REQUIRES: crc_ready, if
+// any, is set).
+std::optional<uint32_t> SourceCrc(const UploadSource* source) {
+  if (source->crc32c == nullptr) return std::nullopt;
+  return *source->crc32c;
+}
+
 // "bytes=0-N" -> N + 1; no header -> 0 (nothing persisted).
 uint64_t CommittedBytes(const http::Response& r) {
   std::string_view range = r.Header("range");
@@ -221,6 +228,23 @@ Task<Result<http::Response>> GcsClient::QuerySession(const std::string& session,
   co_return co_await http_.Send(std::move(r));
 }
 
+Task<Result<ObjectMeta>> GcsClient::ConfirmStored(std::string bucket, std::string name, uint64_t size,
+                                                  std::optional<uint32_t> crc, std::string what) {
+  const std::string url = GsUrl(bucket, name);
+  const std::string broken = what + ": the server answered with success, but its answer is not an object resource";
+  auto meta = co_await Stat(bucket, name);
+  if (meta.status().code() == StatusCode::kNotFound) {
+    co_return UnavailableError(broken + ", and " + url + " does not exist: the upload did not complete; save again");
+  }
+  if (!meta.ok()) co_return meta.status().WithContext(broken + "; checking what " + url + " holds");
+  const bool crc_matches = !crc || !meta->crc32c || *meta->crc32c == *crc;
+  if (meta->size == size && crc_matches) co_return meta;
+  const auto crc_text = [](std::optional<uint32_t> c) { return c ? " with CRC32C " + format::Crc32cToHex(*c) : ""; };
+  co_return CorruptionError(broken + ", and " + url + " holds " + std::to_string(meta->size) + " bytes" +
+                            crc_text(meta->crc32c) + ", not the " + std::to_string(size) + " bytes" + crc_text(crc) +
+                            " this upload sent: the object there is not ours");
+}
+
 Task<Result<ObjectMeta>> GcsClient::UploadOnce(std::string bucket, std::string name, const UploadSource* source) {
   const std::string what = "upload " + GsUrl(bucket, name);
   std::string url = WithUserProject(endpoint_ + "/upload/storage/v1/b/" + UrlEncode(bucket) +
@@ -240,8 +264,13 @@ Task<Result<ObjectMeta>> GcsClient::UploadOnce(std::string bucket, std::string n
   };
   stats_.bytes_uploaded += source->size;
   CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make));
-  CO_ASSIGN_OR_RETURN(ObjectMeta meta, ParseObjectBody(resp, what));
   if (source->crc_ready != nullptr) co_await source->crc_ready->Wait();
+  Result<ObjectMeta> parsed = ParseObjectBody(resp, what);
+  if (!parsed.ok()) {
+    const std::optional<uint32_t> crc = SourceCrc(source);
+    parsed = co_await ConfirmStored(bucket, name, source->size, crc, what);
+  }
+  CO_ASSIGN_OR_RETURN(ObjectMeta meta, std::move(parsed));
   CO_TRY(CheckStored(meta, source, what));
   if (source->progress != nullptr) source->progress->fetch_add(source->size, std::memory_order_relaxed);
   co_return meta;
@@ -314,8 +343,14 @@ Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name,
       }
     }
     if (session.empty() || (resp.ok() && resp->status == 308)) continue;
-    // 200/201: done. Check the server's CRC32C against ours.
-    CO_ASSIGN_OR_RETURN(ObjectMeta meta, ParseObjectBody(*resp, what));
+    // 200/201: done. Check the server's CRC32C against ours; an answer that
+    // says so but is broken is settled by what the bucket holds.
+    Result<ObjectMeta> parsed = ParseObjectBody(*resp, what);
+    if (!parsed.ok()) {
+      const std::optional<uint32_t> crc = SourceCrc(source);
+      parsed = co_await ConfirmStored(bucket, name, source->size, crc, what);
+    }
+    CO_ASSIGN_OR_RETURN(ObjectMeta meta, std::move(parsed));
     CO_TRY(CheckStored(meta, source, what));
     report(source->size);
     co_return meta;
@@ -348,7 +383,13 @@ Task<Result<ObjectMeta>> GcsClient::UploadSmall(std::string bucket, std::string 
     if (meta.ok() && meta->crc32c == crc && meta->size == body.size()) co_return meta;
   }
   if (!resp.ok()) co_return resp.status();
-  co_return ParseObjectBody(*resp, what);
+  Result<ObjectMeta> parsed = ParseObjectBody(*resp, what);
+  if (!parsed.ok()) {
+    // Committed, but the answer is broken: ours if the bytes are.
+    const std::optional<uint32_t> known_crc = crc;
+    parsed = co_await ConfirmStored(bucket, name, body.size(), known_crc, what);
+  }
+  co_return parsed;
 }
 
 Task<Result<ObjectMeta>> GcsClient::Stat(std::string bucket, std::string name) {

@@ -284,6 +284,77 @@ TEST_CASE_FIXTURE(Fixture, "a session that expired (410) is started again from t
   CHECK(ReadBack(name, data.size()) == data);
 }
 
+// The final chunk's request, and a 200 whose object resource is cut after
+// 100 bytes (framed as complete) once the server has committed the object.
+Json CutFinalAnswer() {
+  return {{"method", "PUT"}, {"path", "upload_id="}, {"headers", {{"Content-Range", "/\\d+$"}}},
+          {"nth", 1},        {"truncate_response_body", 100}};
+}
+
+TEST_CASE_FIXTURE(Fixture, "a 200 cut short on the last chunk is confirmed by the stored object's size and CRC32C") {
+  control->SetRules(Json::array({CutFinalAnswer()}));
+  const std::string name = UniqueName("cut-final");
+  const std::string data = Bytes(3 * kQ + 7, 13);
+  const uint32_t crc = format::Crc32c(data.data(), data.size());
+  auto meta = Upload(name, data, &crc);
+  REQUIRE_MESSAGE(meta.ok(), meta.status().ToString());
+  CHECK(control->Fired() == 1);
+  CHECK(meta->name == name);
+  CHECK(meta->size == data.size());
+  CHECK(meta->crc32c == crc);
+  CHECK(control->Count("PUT", "upload_id=") == 4);  // nothing was sent again
+  CHECK(ReadBack(name, data.size()) == data);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a 200 cut short on a one-request upload or a small upload is confirmed the same way") {
+  control->SetRules(Json::array({{{"method", "POST"}, {"path", "uploadType=media"}, {"times", 2},
+                                  {"truncate_response_body", 100}}}));
+  const std::string name = UniqueName("cut-once");
+  const std::string data = Bytes(kQ / 2, 14);
+  const uint32_t crc = format::Crc32c(data.data(), data.size());
+  auto once = Upload(name, data, &crc);
+  REQUIRE_MESSAGE(once.ok(), once.status().ToString());
+  CHECK(once->size == data.size());
+  CHECK(once->crc32c == crc);
+  const std::string manifest = UniqueName("cut-small");
+  auto small = Run(client->UploadSmall(bucket, manifest, "{\"step\": 3}", 0));
+  REQUIRE_MESSAGE(small.ok(), small.status().ToString());
+  CHECK(small->size == 11);
+  CHECK(control->Fired() == 2);
+  CHECK(control->Count("POST", "uploadType=media") == 2);  // neither was sent twice
+  CHECK(ReadBack(name, data.size()) == data);
+  CHECK(ReadBack(manifest, 11) == "{\"step\": 3}");
+}
+
+TEST_CASE_FIXTURE(Fixture, "a broken 200 on the last chunk fails naming the object when another object is stored") {
+  const std::string name = UniqueName("cut-not-ours");
+  REQUIRE(Run(client->UploadSmall(bucket, name, "someone else's", {})).ok());
+  // The final chunk never reaches the server, whose "200" is a broken body.
+  control->SetRules(Json::array({{{"method", "PUT"}, {"path", "upload_id="}, {"headers", {{"Content-Range", "/\\d+$"}}},
+                                  {"status", 200}, {"body", "{\"kind\": \"storage#object\", \"na"}}}));
+  const std::string data = Bytes(2 * kQ + 5, 15);
+  const uint32_t crc = format::Crc32c(data.data(), data.size());
+  auto meta = Upload(name, data, &crc);
+  CHECK(meta.status().code() == StatusCode::kCorruption);
+  const std::string& m = meta.status().message();
+  CHECK(m.find("upload " + GsUrl(bucket, name)) != std::string::npos);
+  CHECK(m.find("not an object resource") != std::string::npos);
+  CHECK(m.find("holds 14 bytes") != std::string::npos);
+  CHECK(m.find("not the " + std::to_string(data.size()) + " bytes") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a broken 200 on the last chunk fails naming the object when nothing is stored") {
+  control->SetRules(Json::array({{{"method", "PUT"}, {"path", "upload_id="}, {"headers", {{"Content-Range", "/\\d+$"}}},
+                                  {"status", 200}, {"body", "{\"kind\": \"storage#object\", \"na"}}}));
+  const std::string name = UniqueName("cut-nothing");
+  auto meta = Upload(name, Bytes(2 * kQ + 5, 16));
+  CHECK(meta.status().code() == StatusCode::kUnavailable);
+  const std::string& m = meta.status().message();
+  CHECK(m.find("upload " + GsUrl(bucket, name)) != std::string::npos);
+  CHECK(m.find("not an object resource") != std::string::npos);
+  CHECK(m.find("does not exist") != std::string::npos);
+}
+
 TEST_CASE_FIXTURE(Fixture, "retries stop at max_attempts with the server's message and the count") {
   options.retry.max_attempts = 3;
   UseAuth(std::move(auth));
