@@ -148,9 +148,15 @@ class AuthorizedUser final : public TokenAuth {
 
 class MetadataServer final : public TokenAuth {
  public:
-  MetadataServer(runtime::Loop& loop, http::HttpClient& http, Options::Gcs::Retry retry, std::string host)
-      : TokenAuth(loop, http, retry), host_(std::move(host)) {}
-  std::string Describe() const override { return "metadata server " + host_; }
+  // `origin` says where the host came from; `last_resort` is set when no
+  // other source of credentials was found, and is added to every failure.
+  MetadataServer(runtime::Loop& loop, http::HttpClient& http, Options::Gcs::Retry retry, std::string host,
+                 std::string origin, std::string last_resort)
+      : TokenAuth(loop, http, retry), host_(std::move(host)), origin_(std::move(origin)),
+        last_resort_(std::move(last_resort)) {}
+  std::string Describe() const override {
+    return "metadata server " + host_ + (origin_.empty() ? "" : " (" + origin_ + ")");
+  }
 
  protected:
   Task<Result<Token>> Fetch() override {
@@ -160,12 +166,16 @@ class MetadataServer final : public TokenAuth {
     auto resp = co_await http_.Send(std::move(r));
     const std::string what = "get an access token from the metadata server " + host_;
     Outcome o = Classify(resp, what);
-    if (!o.status.ok()) co_return o.status;
-    co_return ParseTokenResponse(*resp, what);
+    Result<Token> token = o.status.ok() ? ParseTokenResponse(*resp, what) : Result<Token>(o.status);
+    if (token.ok() || last_resort_.empty()) co_return token;
+    const Status& s = token.status();
+    co_return Status(s.code(), s.message() + "; " + last_resort_, s.sys_errno());
   }
 
  private:
   std::string host_;
+  std::string origin_;
+  std::string last_resort_;
 };
 
 class NoAuth final : public AuthProvider {
@@ -285,7 +295,7 @@ Result<std::unique_ptr<AuthProvider>> AuthorizedUserAuth(runtime::Loop& loop, ht
 
 std::unique_ptr<AuthProvider> MetadataServerAuth(runtime::Loop& loop, http::HttpClient& http,
                                                  const Options::Gcs& options, std::string host) {
-  return std::unique_ptr<AuthProvider>(new MetadataServer(loop, http, options.retry, std::move(host)));
+  return std::unique_ptr<AuthProvider>(new MetadataServer(loop, http, options.retry, std::move(host), "", ""));
 }
 
 Result<std::unique_ptr<AuthProvider>> MakeAuth(runtime::Loop& loop, http::HttpClient& http,
@@ -303,8 +313,19 @@ Result<std::unique_ptr<AuthProvider>> MakeAuth(runtime::Loop& loop, http::HttpCl
                                 ": credentials of type \"service_account\" or \"authorized_user\" expected, got \"" +
                                 type + "\"");
   }
-  const char* host = std::getenv("GCE_METADATA_HOST");
-  return MetadataServerAuth(loop, http, options, host && *host ? host : "metadata.google.internal");
+  // The last resort. Its failure (on a machine outside Google Cloud: a DNS
+  // error for metadata.google.internal) says what else was looked for.
+  const char* env_host = std::getenv("GCE_METADATA_HOST");
+  const bool from_env = env_host != nullptr && *env_host != '\0';
+  const std::string host = from_env ? env_host : "metadata.google.internal";
+  const std::string origin = from_env ? "from GCE_METADATA_HOST" : "the default: GCE_METADATA_HOST is not set";
+  std::string last_resort =
+      "no other credentials were found (STORAGE_EMULATOR_HOST and GOOGLE_APPLICATION_CREDENTIALS are not set), so "
+      "the metadata server " + host + " was the last source tried: set GOOGLE_APPLICATION_CREDENTIALS to a "
+      "service-account or authorized-user JSON file, STORAGE_EMULATOR_HOST to an emulator, or run where a metadata "
+      "server answers (Compute Engine, GKE, Cloud TPU)";
+  return std::unique_ptr<AuthProvider>(
+      new MetadataServer(loop, http, options.retry, host, origin, std::move(last_resort)));
 }
 
 }  // namespace ckptio::gcs

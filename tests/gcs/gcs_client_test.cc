@@ -1,11 +1,16 @@
 // GcsClient against a real GCS emulator (gcp-storage-emulator from PyPI)
 // behind our fault-injecting proxy; run under tests/gcs/with_gcs.py.
 
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -503,6 +508,71 @@ TEST_CASE_FIXTURE(Fixture, "the metadata server gives a token the server accepts
   control->Settings({{"require_bearer", "issued"}});
   REQUIRE(Upload(UniqueName("md"), "data").ok());
   CHECK(auth->tokens_fetched() == 1);
+}
+
+// Sets or unsets environment variables for the life of the object.
+class ScopedEnv {
+ public:
+  void Set(const char* name, const char* value) {
+    const char* old = std::getenv(name);
+    saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second) {
+        setenv(it->first.c_str(), it->second->c_str(), 1);
+      } else {
+        unsetenv(it->first.c_str());
+      }
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// A port on 127.0.0.1 that nothing listens on (bound, then closed).
+int ClosedPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST_CASE_FIXTURE(Fixture, "with no other credentials the metadata server's failure names every source tried") {
+  ScopedEnv env;
+  env.Set("GOOGLE_APPLICATION_CREDENTIALS", nullptr);
+  const std::string host = "127.0.0.1:" + std::to_string(ClosedPort());
+  env.Set("GCE_METADATA_HOST", host.c_str());
+  options.retry.max_attempts = 1;
+  UseAuth(std::move(MakeAuth(*loop, *http, options, /*emulator=*/false)).value());
+  const std::string name = UniqueName("nocreds");
+  auto stat = Run(client->Stat(bucket, name));
+  CHECK(stat.status().code() == StatusCode::kUnavailable);
+  const std::string& m = stat.status().message();
+  CHECK(m.find("stat " + GsUrl(bucket, name)) != std::string::npos);
+  CHECK(m.find("metadata server " + host) != std::string::npos);
+  CHECK(m.find("STORAGE_EMULATOR_HOST") != std::string::npos);
+  CHECK(m.find("GOOGLE_APPLICATION_CREDENTIALS") != std::string::npos);
+  CHECK(m.find("GCE_METADATA_HOST") != std::string::npos);
+  // Without GCE_METADATA_HOST, the default host is named as such (no request made here).
+  env.Set("GCE_METADATA_HOST", nullptr);
+  auto fallback = MakeAuth(*loop, *http, options, /*emulator=*/false);
+  REQUIRE(fallback.ok());
+  const std::string described = (*fallback)->Describe();
+  CHECK(described.find("metadata.google.internal") != std::string::npos);
+  CHECK(described.find("GCE_METADATA_HOST is not set") != std::string::npos);
 }
 
 TEST_CASE_FIXTURE(Fixture, "without a valid token the server's 401 is reported, after one refresh") {

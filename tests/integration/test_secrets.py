@@ -5,6 +5,7 @@ key, refresh token or client secret appears in any output line, error message,
 trace file or config dump."""
 import json
 import os
+import socket
 
 import pytest
 from safetensors.numpy import save_file
@@ -107,3 +108,24 @@ def test_a_token_goes_to_a_plain_http_endpoint_only_with_the_opt_in(tmp_path, ru
     config.write_text(json.dumps({"gcs": {"endpoint": gcs_proxy.url, "allow_http_credentials": True}}))
     assert run("ls", root, "--config", config, env=env).returncode == 0
     assert gcs_proxy.log() and all(e["authorization"] == "Bearer" for e in gcs_proxy.log())
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_without_credentials_the_error_names_every_source_tried(tmp_path, run, gcs_env, gcs_bucket):
+    env = env_for(gcs_env, "metadata")  # no emulator, no key file: the metadata server is the last resort
+    host = f"127.0.0.1:{closed_port()}"  # and nothing answers there
+    env["GCE_METADATA_HOST"] = host
+    env.pop("GCE_METADATA_IP", None)
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"gcs": {"retry": {"max_attempts": 1}}}))
+    root = f"gs://{gcs_bucket}/nocreds"
+    p = run("ls", root, "--config", config, check=False, env=env)
+    assert p.returncode != 0
+    assert root in p.stderr and f"metadata server {host}" in p.stderr
+    for source in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GCE_METADATA_HOST"):
+        assert source in p.stderr, source
