@@ -97,12 +97,15 @@ struct Options {
       int max_attempts = 6;  // including the first; 1 = no retry
       std::chrono::milliseconds initial_backoff{200};
       std::chrono::milliseconds max_backoff{10000};
-      std::chrono::milliseconds deadline{300000};  // for one object, all attempts together
+      // For one object, all attempts together. A metadata request (list,
+      // stat, delete, small reads and uploads, token fetches) ends by then
+      // even if the endpoint never answers; a data transfer stops retrying.
+      std::chrono::milliseconds deadline{300000};
       friend bool operator==(const Retry&, const Retry&) = default;
     } retry;
     struct Timeouts {
       std::chrono::milliseconds connect{10000};
-      // Abort a transfer that moves no bytes for this long.
+      // Abort an attempt that moves no bytes for this long (then retried).
       std::chrono::milliseconds stall{60000};
       friend bool operator==(const Timeouts&, const Timeouts&) = default;
     } timeouts;

@@ -243,13 +243,18 @@ const std::vector<Knob>& Table() {
                milliseconds(1)),
       Duration(CKPTIO_KNOB(gcs.retry.max_backoff), "Cap on the backoff, which doubles per retry.",
                milliseconds(1)),
-      Duration(CKPTIO_KNOB(gcs.retry.deadline), "Give up on an object after this long.",
+      Duration(CKPTIO_KNOB(gcs.retry.deadline),
+               "Give up on an object after this long. A metadata request (list, stat, delete, a small read or "
+               "upload, a token fetch) ends within it, retries included: the worst case of `ckptio ls` when the "
+               "endpoint never answers. A data transfer stops retrying at it; its attempt in flight runs until "
+               "done or stalled for gcs.timeouts.stall.",
                milliseconds(1)),
       Group("gcs.timeouts", "Network timeouts."),
       Duration(CKPTIO_KNOB(gcs.timeouts.connect), "TCP + TLS connection set-up.",
                milliseconds(1)),
       Duration(CKPTIO_KNOB(gcs.timeouts.stall),
-               "Abort a transfer that moves no bytes for this long.", milliseconds(1)),
+               "Abort an attempt that moves no bytes for this long (then retried, within gcs.retry).",
+               milliseconds(1)),
       Headers(CKPTIO_KNOB(gcs.headers),
               "Extra headers on every request; values of secret-named headers and values that look like "
               "credentials (\"Bearer ...\", \"ya29.\", long tokens) are redacted when printed."),

@@ -65,13 +65,14 @@ class ServiceAccount final : public TokenAuth {
   std::string Describe() const override { return "service account " + email_ + " (token_uri " + token_uri_ + ")"; }
 
  protected:
-  Task<Result<Token>> Fetch() override {
+  Task<Result<Token>> Fetch(std::chrono::milliseconds time_limit) override {
     CO_ASSIGN_OR_RETURN(std::string jwt, MakeJwt());
     http::Request r;
     r.method = "POST";
     r.url = token_uri_;
     r.headers = {"Content-Type: application/x-www-form-urlencoded"};
     r.body = FormBody({{"grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"}, {"assertion", jwt}});
+    r.time_limit = time_limit;
     auto resp = co_await http_.Send(std::move(r));
     const std::string what = "get an access token for " + email_ + " from " + token_uri_;
     const std::string secrets[] = {jwt};
@@ -121,7 +122,7 @@ class AuthorizedUser final : public TokenAuth {
 
  protected:
   std::vector<std::string> OwnSecrets() const override { return {refresh_token_, client_secret_}; }
-  Task<Result<Token>> Fetch() override {
+  Task<Result<Token>> Fetch(std::chrono::milliseconds time_limit) override {
     http::Request r;
     r.method = "POST";
     r.url = token_uri_;
@@ -130,6 +131,7 @@ class AuthorizedUser final : public TokenAuth {
                        {"client_id", client_id_},
                        {"client_secret", client_secret_},
                        {"refresh_token", refresh_token_}});
+    r.time_limit = time_limit;
     auto resp = co_await http_.Send(std::move(r));
     const std::string what = "refresh the access token of client " + client_id_ + " at " + token_uri_;
     Outcome o = Classify(resp, what, OwnSecrets());
@@ -159,10 +161,11 @@ class MetadataServer final : public TokenAuth {
   }
 
  protected:
-  Task<Result<Token>> Fetch() override {
+  Task<Result<Token>> Fetch(std::chrono::milliseconds time_limit) override {
     http::Request r;
     r.url = "http://" + host_ + "/computeMetadata/v1/instance/service-accounts/default/token";
     r.headers = {"Metadata-Flavor: Google"};
+    r.time_limit = time_limit;
     auto resp = co_await http_.Send(std::move(r));
     const std::string what = "get an access token from the metadata server " + host_;
     Outcome o = Classify(resp, what);
@@ -223,9 +226,12 @@ std::vector<std::string> TokenAuth::Secrets() const {
 }
 
 Task<Status> TokenAuth::Refresh() {
+  // Bounded as a whole by gcs.retry.deadline, like any metadata operation:
+  // each attempt gets what is left of it.
   Backoff backoff(retry_);
   for (;;) {
-    auto token = co_await Fetch();
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(backoff.deadline() - Clock::now());
+    auto token = co_await Fetch(std::max(left, std::chrono::milliseconds(1)));
     if (token.ok()) {
       ++fetched_;
       if (!token_.empty()) previous_token_ = std::move(token_);
@@ -237,7 +243,11 @@ Task<Status> TokenAuth::Refresh() {
     std::chrono::milliseconds delay;
     bool transient = token.status().code() == StatusCode::kUnavailable ||
                      token.status().code() == StatusCode::kDeadlineExceeded;
-    if (!transient || !backoff.Next(&delay)) co_return token.status();
+    if (!transient) co_return token.status();
+    if (!backoff.Next(&delay)) {
+      const Status& s = token.status();
+      co_return Status(s.code(), s.message() + " (" + backoff.Exhausted() + ")", s.sys_errno());
+    }
     Status slept = co_await loop_.Sleep(delay);
     slept.IgnoreError();
   }

@@ -65,8 +65,9 @@ class TokenAuth : public AuthProvider {
     std::string access_token;
     std::chrono::seconds expires_in{0};
   };
-  // One attempt at a token; retried by Header() when the failure is transient.
-  virtual Task<Result<Token>> Fetch() = 0;
+  // One attempt at a token, done within `time_limit` (what is left of
+  // gcs.retry.deadline); retried by Header() when the failure is transient.
+  virtual Task<Result<Token>> Fetch(std::chrono::milliseconds time_limit) = 0;
   // Parses {"access_token": ..., "expires_in": ...} from a token endpoint.
   static Result<Token> ParseTokenResponse(const http::Response& r, const std::string& what);
   // Secrets of the subclass (a refresh token, a client secret).

@@ -156,13 +156,23 @@ std::vector<std::string> GcsClient::Secrets() const {
   return out;
 }
 
-Task<Result<http::Response>> GcsClient::Call(std::string what, const std::function<http::Request()>& make) {
+Task<Result<http::Response>> GcsClient::Call(std::string what, const std::function<http::Request()>& make,
+                                             std::optional<Clock::time_point> until) {
   Backoff backoff(options_.retry);
   bool refreshed = false;
   for (;;) {
     http::Request r = make();
-    Status authorized = co_await Authorize(&r);
+    Status authorized = co_await Authorize(&r);  // a token fetch, if any, counts against `until` too
     if (!authorized.ok()) co_return std::move(authorized).WithContext(what);
+    if (until) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(*until - Clock::now());
+      if (left.count() <= 0) {
+        co_return DeadlineExceededError(what + ": no time left to send " + r.method + " " +
+                                        r.url.substr(0, r.url.find('?')) + ": gcs.retry.deadline (" +
+                                        std::to_string(options_.retry.deadline.count()) + " ms) reached");
+      }
+      r.time_limit = left;
+    }
     ++stats_.requests;
     auto resp = co_await http_.Send(std::move(r));
     Outcome o = Classify(resp, what, Secrets());
@@ -194,7 +204,7 @@ Task<Result<std::string>> GcsClient::StartSession(const std::string& bucket, con
     r.body = "{}";
     return r;
   };
-  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call("start " + what, make));
+  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call("start " + what, make, MetadataDeadline()));
   std::string_view location = resp.Header("location");
   if (location.empty()) co_return UnavailableError("start " + what + ": the answer has no Location header");
   co_return std::string(location);
@@ -263,7 +273,7 @@ Task<Result<ObjectMeta>> GcsClient::UploadOnce(std::string bucket, std::string n
     return r;
   };
   stats_.bytes_uploaded += source->size;
-  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make));
+  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make, std::nullopt));  // data: bounded by stalls
   if (source->crc_ready != nullptr) co_await source->crc_ready->Wait();
   Result<ObjectMeta> parsed = ParseObjectBody(resp, what);
   if (!parsed.ok()) {
@@ -375,7 +385,7 @@ Task<Result<ObjectMeta>> GcsClient::UploadSmall(std::string bucket, std::string 
     r.pieces = {{body.data(), body.size()}};
     return r;
   };
-  auto resp = co_await Call(what, make);
+  auto resp = co_await Call(what, make, MetadataDeadline());
   if (!resp.ok() && resp.status().code() == StatusCode::kAlreadyExists && attempts > 1) {
     // A retry after a lost answer finds the object our first attempt made:
     // it is ours if its bytes are.
@@ -400,7 +410,7 @@ Task<Result<ObjectMeta>> GcsClient::Stat(std::string bucket, std::string name) {
     r.url = url;
     return r;
   };
-  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make));
+  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make, MetadataDeadline()));
   co_return ParseObjectBody(resp, what);
 }
 
@@ -418,7 +428,7 @@ Task<Status> GcsClient::Read(std::string bucket, std::string name, uint64_t offs
     r.response_capacity = len;
     return r;
   };
-  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make));
+  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make, std::nullopt));  // data: bounded by stalls
   if (resp.body_bytes != len) {
     co_return CorruptionError(what + ": wanted " + std::to_string(len) + " bytes at offset " + std::to_string(offset) +
                               ", got " + std::to_string(resp.body_bytes));
@@ -448,7 +458,7 @@ Task<Result<std::string>> GcsClient::ReadAll(std::string bucket, std::string nam
     r.max_body = std::max<size_t>(limit, size_t{1} << 20) + 1;  // room for an error's JSON body
     return r;
   };
-  auto resp = co_await Call(what, make);
+  auto resp = co_await Call(what, make, MetadataDeadline());
   if (!resp.ok()) {
     if (resp.status().code() == StatusCode::kCorruption &&
         resp.status().message().find("longer than") != std::string::npos) {
@@ -474,6 +484,7 @@ Task<Result<std::string>> GcsClient::ReadAll(std::string bucket, std::string nam
 Task<Result<ListResult>> GcsClient::List(std::string bucket, std::string prefix, std::string delimiter,
                                          int page_size) {
   const std::string what = "list " + GsUrl(bucket, prefix);
+  const Clock::time_point until = MetadataDeadline();  // for every page together
   ListResult out;
   std::string page_token;
   do {
@@ -487,7 +498,7 @@ Task<Result<ListResult>> GcsClient::List(std::string bucket, std::string prefix,
       r.url = url;
       return r;
     };
-    CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make));
+    CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make, until));
     Json j = Json::parse(resp.body, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object()) co_return UnavailableError(what + ": the answer is not a JSON object");
     if (j.contains("items") && j["items"].is_array()) {
@@ -516,7 +527,7 @@ Task<Status> GcsClient::Delete(std::string bucket, std::string name) {
     r.url = url;
     return r;
   };
-  auto resp = co_await Call("delete " + GsUrl(bucket, name), make);
+  auto resp = co_await Call("delete " + GsUrl(bucket, name), make, MetadataDeadline());
   if (!resp.ok() && resp.status().code() != StatusCode::kNotFound) co_return resp.status();
   co_return Status::Ok();
 }

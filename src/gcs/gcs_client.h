@@ -12,7 +12,9 @@
 // finishes.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -94,9 +96,18 @@ class GcsClient {
   const std::string& endpoint() const { return endpoint_; }
 
  private:
-  struct Attempt;
+  using Clock = std::chrono::steady_clock;
   // Sends a request built by `make` with retries; `what` names it in errors.
-  Task<Result<http::Response>> Call(std::string what, const std::function<http::Request()>& make);
+  // With `until` (a metadata operation: list, stat, delete, small reads and
+  // uploads), the whole call ends by then, attempts included: each attempt
+  // gets what is left as its time limit, so an endpoint that accepts and
+  // never answers costs gcs.retry.deadline, not max_attempts stalls. Without
+  // (a data transfer), an attempt ends when it stalls for
+  // gcs.timeouts.stall, and retries stop at gcs.retry.deadline.
+  Task<Result<http::Response>> Call(std::string what, const std::function<http::Request()>& make,
+                                    std::optional<Clock::time_point> until);
+  // Now + gcs.retry.deadline: when a metadata operation starting now ends.
+  Clock::time_point MetadataDeadline() const { return Clock::now() + options_.retry.deadline; }
   // One request (uploadType=media); the stored CRC32C is checked after.
   Task<Result<ObjectMeta>> UploadOnce(std::string bucket, std::string name, const UploadSource* source);
   Task<Result<std::string>> StartSession(const std::string& bucket, const std::string& name,

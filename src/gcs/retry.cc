@@ -37,7 +37,7 @@ Outcome Classify(const Result<http::Response>& result, std::string_view what,
   if (!result.ok()) {
     StatusCode c = result.status().code();
     bool transient = c == StatusCode::kUnavailable || c == StatusCode::kDeadlineExceeded;
-    return {result.status(), transient, false};
+    return {result.status().WithContext(what), transient, false};
   }
   const long s = result->status;
   if ((s >= 200 && s < 300) || s == 308) return {Status::Ok(), false, false};
@@ -71,9 +71,12 @@ bool Backoff::Next(std::chrono::milliseconds* delay) {
 
 std::string Backoff::Exhausted() const {
   auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start_);
-  return "gave up after " + std::to_string(attempts_) + " attempts in " + std::to_string(elapsed.count()) +
-         " ms (gcs.retry: max_attempts " + std::to_string(policy_.max_attempts) + ", deadline " +
-         std::to_string(policy_.deadline.count()) + " ms)";
+  const std::string max_attempts = "gcs.retry.max_attempts " + std::to_string(policy_.max_attempts);
+  const std::string deadline = "gcs.retry.deadline " + std::to_string(policy_.deadline.count()) + " ms";
+  const bool out_of_attempts = attempts_ >= policy_.max_attempts;
+  return "gave up after " + std::to_string(attempts_) + (attempts_ == 1 ? " attempt" : " attempts") + " in " +
+         std::to_string(elapsed.count()) + " ms: " + (out_of_attempts ? max_attempts : deadline) + " reached (" +
+         (out_of_attempts ? deadline : max_attempts) + ")";
 }
 
 }  // namespace ckptio::gcs

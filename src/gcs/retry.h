@@ -37,8 +37,11 @@ class Backoff {
   // True if another attempt is allowed; sets *delay to wait first.
   bool Next(std::chrono::milliseconds* delay);
   int attempts() const { return attempts_; }
-  // Why Next() said no, to append to the last error.
+  // Why Next() said no, to append to the last error: the attempts, the time
+  // and which knob ran out (gcs.retry.max_attempts or gcs.retry.deadline).
   std::string Exhausted() const;
+  // When gcs.retry.deadline runs out, counted from this object's creation.
+  std::chrono::steady_clock::time_point deadline() const { return start_ + policy_.deadline; }
 
  private:
   Options::Gcs::Retry policy_;
