@@ -4,9 +4,11 @@
 // Every call retries 408, 429, 5xx, connection resets and timeouts with
 // capped exponential backoff and full jitter (gcs.retry), refreshes the token
 // once after a 401, and fails fast on anything else with the server's own
-// error message. Uploads of large objects are resumable: chunks of
-// gcs.chunk_size, and after any failure the session is queried and only the
-// bytes the server does not have are sent again.
+// error message (credentials redacted). Uploads of large objects are
+// resumable: chunks of gcs.chunk_size, and after any failure the session is
+// queried and only the bytes the server does not have are sent again. A
+// metadata call (list, stat, delete, small reads and uploads) ends within
+// gcs.retry.deadline, retries included, even if the endpoint never answers.
 //
 // Threads: loop thread only. Buffers stay owned by the caller until the call
 // finishes.

@@ -32,8 +32,10 @@ constexpr std::string_view kSchemes[] = {"bearer ", "basic ", "digest ", "token 
 // random tokens, keys and secrets look like, and words rarely do.
 bool LooksLikeRandomToken(std::string_view s) {
   if (s.size() < 24 || Token68End(s, 0) != s.size()) return false;
-  const bool letter = std::any_of(s.begin(), s.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)); });
-  const bool digit = std::any_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  const auto is_letter = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; };
+  const auto is_digit = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; };
+  const bool letter = std::any_of(s.begin(), s.end(), is_letter);
+  const bool digit = std::any_of(s.begin(), s.end(), is_digit);
   return letter && digit;
 }
 
