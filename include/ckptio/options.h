@@ -105,17 +105,22 @@ struct Options {
       int max_attempts = 6;  // including the first; 1 = no retry
       std::chrono::milliseconds initial_backoff{200};
       std::chrono::milliseconds max_backoff{10000};
-      std::chrono::milliseconds deadline{300000};  // for one object, all attempts together
+      // For one object, all attempts together. A metadata request (list,
+      // stat, delete, small reads and uploads, token fetches) ends by then
+      // even if the endpoint never answers; a data transfer stops retrying.
+      std::chrono::milliseconds deadline{300000};
       friend bool operator==(const Retry&, const Retry&) = default;
     } retry;
     struct Timeouts {
       std::chrono::milliseconds connect{10000};
-      // Abort a transfer that moves no bytes for this long.
+      // Abort an attempt that moves no bytes for this long (then retried).
       std::chrono::milliseconds stall{60000};
       friend bool operator==(const Timeouts&, const Timeouts&) = default;
     } timeouts;
     // Extra headers on every request (e.g. for a proxy). Values of
-    // secret-looking headers (Authorization, ...) are redacted when printed.
+    // secret-looking headers (Authorization, ...) and values that look like
+    // credentials ("Bearer ...", "ya29.", long tokens) are redacted when
+    // printed.
     std::map<std::string, std::string> headers;
     // Bill requests to this project (requester-pays buckets); empty = none.
     std::string user_project;
@@ -123,6 +128,11 @@ struct Options {
     std::string http_version = "1.1";
     // PEM file of CA certificates to trust for https; empty = the system's.
     std::string ca_file;
+    // Send credentials (an OAuth2 bearer token) to an http:// endpoint.
+    // Off: anyone on the path could read the token and use it for an hour,
+    // so a plain-http endpoint gets a request only when it is an emulator
+    // (STORAGE_EMULATOR_HOST, which needs no credentials) or this is set.
+    bool allow_http_credentials = false;
     friend bool operator==(const Gcs&, const Gcs&) = default;
   } gcs;
 

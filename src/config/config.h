@@ -49,6 +49,7 @@ std::string DefaultsDocument();
 
 // The effective config as a JSON document in config-file notation ("256MiB",
 // "30s"), without comments. Secrets (values of headers such as Authorization,
+// header values that look like credentials whatever the header's name,
 // credentials in the endpoint URL) print as "<redacted>"; everything else
 // parses back to the same Options.
 std::string ToJson(const Options& options);

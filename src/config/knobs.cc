@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/units.h"
+#include "runtime/redact.h"
 
 namespace ckptio::config {
 namespace {
@@ -249,21 +250,30 @@ const std::vector<Knob>& Table() {
                milliseconds(1)),
       Duration(CKPTIO_KNOB(gcs.retry.max_backoff), "Cap on the backoff, which doubles per retry.",
                milliseconds(1)),
-      Duration(CKPTIO_KNOB(gcs.retry.deadline), "Give up on an object after this long.",
+      Duration(CKPTIO_KNOB(gcs.retry.deadline),
+               "Give up on an object after this long. A metadata request (list, stat, delete, a small read or "
+               "upload, a token fetch) ends within it, retries included: the worst case of `ckptio ls` when the "
+               "endpoint never answers. A data transfer stops retrying at it; its attempt in flight runs until "
+               "done or stalled for gcs.timeouts.stall.",
                milliseconds(1)),
       Group("gcs.timeouts", "Network timeouts."),
       Duration(CKPTIO_KNOB(gcs.timeouts.connect), "TCP + TLS connection set-up.",
                milliseconds(1)),
       Duration(CKPTIO_KNOB(gcs.timeouts.stall),
-               "Abort a transfer that moves no bytes for this long.", milliseconds(1)),
+               "Abort an attempt that moves no bytes for this long (then retried, within gcs.retry).",
+               milliseconds(1)),
       Headers(CKPTIO_KNOB(gcs.headers),
-              "Extra headers on every request; secret-looking values are redacted when printed."),
+              "Extra headers on every request; values of secret-named headers and values that look like "
+              "credentials (\"Bearer ...\", \"ya29.\", long tokens) are redacted when printed."),
       String(CKPTIO_KNOB(gcs.user_project),
              "Bill requests to this project (requester-pays buckets); empty = none.",
              CheckNoControlChars),
       String(CKPTIO_KNOB(gcs.http_version), "HTTP version: \"1.1\" or \"2\".", CheckHttpVersion),
       String(CKPTIO_KNOB(gcs.ca_file), "PEM file of CA certificates to trust for https; empty = the system's.",
              CheckNoControlChars),
+      Bool(CKPTIO_KNOB(gcs.allow_http_credentials),
+           "Send the access token to an http:// gcs.endpoint (anyone on the path could read it); "
+           "false = only https, or an emulator via $STORAGE_EMULATOR_HOST, which gets no token."),
 
       Group("preemption", "Preemptible machines."),
       Bool(CKPTIO_KNOB(preemption.on_sigterm), "Save and exit when SIGTERM arrives."),
@@ -514,8 +524,8 @@ std::string Render(const HeadersSpec& s, const Options& o, bool redact) {
   std::string out = "{";
   for (const auto& [name, value] : s.field.get(o)) {
     if (out.size() > 1) out += ", ";
-    out += json(name).dump() + ": " +
-           json(redact && IsSecretHeader(name) ? std::string("<redacted>") : value).dump();
+    const bool hide = redact && IsSecretValue(name, value);
+    out += json(name).dump() + ": " + json(hide ? std::string("<redacted>") : value).dump();
   }
   return out + "}";
 }
@@ -586,6 +596,10 @@ std::string DescribeJson(const json& v) {
     case json::value_t::object: return "an object";
     default: return "an unsupported value";
   }
+}
+
+bool IsSecretValue(std::string_view name, std::string_view value) {
+  return IsSecretHeader(name) || runtime::LooksLikeCredential(value);
 }
 
 bool IsSecretHeader(std::string_view name) {

@@ -138,4 +138,9 @@ std::string DescribeJson(const nlohmann::ordered_json& value);
 // True for header names whose values must never be printed.
 bool IsSecretHeader(std::string_view name);
 
+// True for a header whose value must never be printed: a secret-looking name,
+// or a value that looks like a credential ("Bearer ...", "ya29.", a long
+// random token: runtime::LooksLikeCredential), whatever the name.
+bool IsSecretValue(std::string_view name, std::string_view value);
+
 }  // namespace ckptio::config

@@ -65,16 +65,18 @@ class ServiceAccount final : public TokenAuth {
   std::string Describe() const override { return "service account " + email_ + " (token_uri " + token_uri_ + ")"; }
 
  protected:
-  Task<Result<Token>> Fetch() override {
+  Task<Result<Token>> Fetch(std::chrono::milliseconds time_limit) override {
     CO_ASSIGN_OR_RETURN(std::string jwt, MakeJwt());
     http::Request r;
     r.method = "POST";
     r.url = token_uri_;
     r.headers = {"Content-Type: application/x-www-form-urlencoded"};
     r.body = FormBody({{"grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"}, {"assertion", jwt}});
+    r.time_limit = time_limit;
     auto resp = co_await http_.Send(std::move(r));
     const std::string what = "get an access token for " + email_ + " from " + token_uri_;
-    Outcome o = Classify(resp, what);
+    const std::string secrets[] = {jwt};
+    Outcome o = Classify(resp, what, secrets);
     if (!o.status.ok()) co_return o.status;
     co_return ParseTokenResponse(*resp, what);
   }
@@ -119,7 +121,8 @@ class AuthorizedUser final : public TokenAuth {
   std::string Describe() const override { return "authorized user (client " + client_id_ + ")"; }
 
  protected:
-  Task<Result<Token>> Fetch() override {
+  std::vector<std::string> OwnSecrets() const override { return {refresh_token_, client_secret_}; }
+  Task<Result<Token>> Fetch(std::chrono::milliseconds time_limit) override {
     http::Request r;
     r.method = "POST";
     r.url = token_uri_;
@@ -128,9 +131,10 @@ class AuthorizedUser final : public TokenAuth {
                        {"client_id", client_id_},
                        {"client_secret", client_secret_},
                        {"refresh_token", refresh_token_}});
+    r.time_limit = time_limit;
     auto resp = co_await http_.Send(std::move(r));
     const std::string what = "refresh the access token of client " + client_id_ + " at " + token_uri_;
-    Outcome o = Classify(resp, what);
+    Outcome o = Classify(resp, what, OwnSecrets());
     if (!o.status.ok()) co_return o.status;
     co_return ParseTokenResponse(*resp, what);
   }
@@ -146,30 +150,42 @@ class AuthorizedUser final : public TokenAuth {
 
 class MetadataServer final : public TokenAuth {
  public:
-  MetadataServer(runtime::Loop& loop, http::HttpClient& http, Options::Gcs::Retry retry, std::string host)
-      : TokenAuth(loop, http, retry), host_(std::move(host)) {}
-  std::string Describe() const override { return "metadata server " + host_; }
+  // `origin` says where the host came from; `last_resort` is set when no
+  // other source of credentials was found, and is added to every failure.
+  MetadataServer(runtime::Loop& loop, http::HttpClient& http, Options::Gcs::Retry retry, std::string host,
+                 std::string origin, std::string last_resort)
+      : TokenAuth(loop, http, retry), host_(std::move(host)), origin_(std::move(origin)),
+        last_resort_(std::move(last_resort)) {}
+  std::string Describe() const override {
+    return "metadata server " + host_ + (origin_.empty() ? "" : " (" + origin_ + ")");
+  }
 
  protected:
-  Task<Result<Token>> Fetch() override {
+  Task<Result<Token>> Fetch(std::chrono::milliseconds time_limit) override {
     http::Request r;
     r.url = "http://" + host_ + "/computeMetadata/v1/instance/service-accounts/default/token";
     r.headers = {"Metadata-Flavor: Google"};
+    r.time_limit = time_limit;
     auto resp = co_await http_.Send(std::move(r));
     const std::string what = "get an access token from the metadata server " + host_;
     Outcome o = Classify(resp, what);
-    if (!o.status.ok()) co_return o.status;
-    co_return ParseTokenResponse(*resp, what);
+    Result<Token> token = o.status.ok() ? ParseTokenResponse(*resp, what) : Result<Token>(o.status);
+    if (token.ok() || last_resort_.empty()) co_return token;
+    const Status& s = token.status();
+    co_return Status(s.code(), s.message() + "; " + last_resort_, s.sys_errno());
   }
 
  private:
   std::string host_;
+  std::string origin_;
+  std::string last_resort_;
 };
 
 class NoAuth final : public AuthProvider {
  public:
   Task<Result<std::string>> Header() override { co_return std::string(); }
   void Invalidate() override {}
+  bool SendsCredentials() const override { return false; }
   std::string Describe() const override { return "no credentials (emulator)"; }
 };
 
@@ -202,12 +218,23 @@ Result<TokenAuth::Token> TokenAuth::ParseTokenResponse(const http::Response& r, 
   return Token{j["access_token"].get<std::string>(), std::chrono::seconds(j["expires_in"].get<int64_t>())};
 }
 
+std::vector<std::string> TokenAuth::Secrets() const {
+  std::vector<std::string> out = OwnSecrets();
+  out.push_back(token_);
+  out.push_back(previous_token_);
+  return out;
+}
+
 Task<Status> TokenAuth::Refresh() {
+  // Bounded as a whole by gcs.retry.deadline, like any metadata operation:
+  // each attempt gets what is left of it.
   Backoff backoff(retry_);
   for (;;) {
-    auto token = co_await Fetch();
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(backoff.deadline() - Clock::now());
+    auto token = co_await Fetch(std::max(left, std::chrono::milliseconds(1)));
     if (token.ok()) {
       ++fetched_;
+      if (!token_.empty()) previous_token_ = std::move(token_);
       token_ = std::move(token->access_token);
       auto lifetime = std::max(token->expires_in - kRefreshMargin, token->expires_in / 2);
       refresh_at_ = Clock::now() + lifetime;
@@ -216,7 +243,11 @@ Task<Status> TokenAuth::Refresh() {
     std::chrono::milliseconds delay;
     bool transient = token.status().code() == StatusCode::kUnavailable ||
                      token.status().code() == StatusCode::kDeadlineExceeded;
-    if (!transient || !backoff.Next(&delay)) co_return token.status();
+    if (!transient) co_return token.status();
+    if (!backoff.Next(&delay)) {
+      const Status& s = token.status();
+      co_return Status(s.code(), s.message() + " (" + backoff.Exhausted() + ")", s.sys_errno());
+    }
     Status slept = co_await loop_.Sleep(delay);
     slept.IgnoreError();
   }
@@ -274,7 +305,7 @@ Result<std::unique_ptr<AuthProvider>> AuthorizedUserAuth(runtime::Loop& loop, ht
 
 std::unique_ptr<AuthProvider> MetadataServerAuth(runtime::Loop& loop, http::HttpClient& http,
                                                  const Options::Gcs& options, std::string host) {
-  return std::unique_ptr<AuthProvider>(new MetadataServer(loop, http, options.retry, std::move(host)));
+  return std::unique_ptr<AuthProvider>(new MetadataServer(loop, http, options.retry, std::move(host), "", ""));
 }
 
 Result<std::unique_ptr<AuthProvider>> MakeAuth(runtime::Loop& loop, http::HttpClient& http,
@@ -292,8 +323,19 @@ Result<std::unique_ptr<AuthProvider>> MakeAuth(runtime::Loop& loop, http::HttpCl
                                 ": credentials of type \"service_account\" or \"authorized_user\" expected, got \"" +
                                 type + "\"");
   }
-  const char* host = std::getenv("GCE_METADATA_HOST");
-  return MetadataServerAuth(loop, http, options, host && *host ? host : "metadata.google.internal");
+  // The last resort. Its failure (on a machine outside Google Cloud: a DNS
+  // error for metadata.google.internal) says what else was looked for.
+  const char* env_host = std::getenv("GCE_METADATA_HOST");
+  const bool from_env = env_host != nullptr && *env_host != '\0';
+  const std::string host = from_env ? env_host : "metadata.google.internal";
+  const std::string origin = from_env ? "from GCE_METADATA_HOST" : "the default: GCE_METADATA_HOST is not set";
+  std::string last_resort =
+      "no other credentials were found (STORAGE_EMULATOR_HOST and GOOGLE_APPLICATION_CREDENTIALS are not set), so "
+      "the metadata server " + host + " was the last source tried: set GOOGLE_APPLICATION_CREDENTIALS to a "
+      "service-account or authorized-user JSON file, STORAGE_EMULATOR_HOST to an emulator, or run where a metadata "
+      "server answers (Compute Engine, GKE, Cloud TPU)";
+  return std::unique_ptr<AuthProvider>(
+      new MetadataServer(loop, http, options.retry, host, origin, std::move(last_resort)));
 }
 
 }  // namespace ckptio::gcs

@@ -16,6 +16,8 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ckptio/options.h"
 #include "ckptio/status.h"
@@ -31,10 +33,15 @@ class AuthProvider {
   virtual ~AuthProvider() = default;
   // The header line to send ("Authorization: Bearer ..."), or "" for none.
   virtual Task<Result<std::string>> Header() = 0;
+  // False iff Header() never sends anything (an emulator).
+  virtual bool SendsCredentials() const { return true; }
   // A request was refused with 401: forget the cached token.
   virtual void Invalidate() = 0;
   // What kind of credentials, and whose; no secrets.
   virtual std::string Describe() const = 0;
+  // The secrets requests may carry (the current and the previous access
+  // token, a refresh token, ...), to redact from what servers answer.
+  virtual std::vector<std::string> Secrets() const { return {}; }
   // Tokens fetched so far (tests check refresh and sharing).
   virtual int tokens_fetched() const { return 0; }
 };
@@ -45,18 +52,26 @@ class TokenAuth : public AuthProvider {
   TokenAuth(runtime::Loop& loop, http::HttpClient& http, Options::Gcs::Retry retry)
       : loop_(loop), http_(http), retry_(retry) {}
   Task<Result<std::string>> Header() final;
-  void Invalidate() final { token_.clear(); }
+  void Invalidate() final {
+    if (!token_.empty()) previous_token_ = std::exchange(token_, {});
+  }
   int tokens_fetched() const final { return fetched_; }
+  // The tokens, and the subclass's own secrets. (The previous token too: a
+  // request sent with it may be answered after a refresh.)
+  std::vector<std::string> Secrets() const final;
 
  protected:
   struct Token {
     std::string access_token;
     std::chrono::seconds expires_in{0};
   };
-  // One attempt at a token; retried by Header() when the failure is transient.
-  virtual Task<Result<Token>> Fetch() = 0;
+  // One attempt at a token, done within `time_limit` (what is left of
+  // gcs.retry.deadline); retried by Header() when the failure is transient.
+  virtual Task<Result<Token>> Fetch(std::chrono::milliseconds time_limit) = 0;
   // Parses {"access_token": ..., "expires_in": ...} from a token endpoint.
   static Result<Token> ParseTokenResponse(const http::Response& r, const std::string& what);
+  // Secrets of the subclass (a refresh token, a client secret).
+  virtual std::vector<std::string> OwnSecrets() const { return {}; }
 
   runtime::Loop& loop_;
   http::HttpClient& http_;
@@ -66,6 +81,7 @@ class TokenAuth : public AuthProvider {
 
   Options::Gcs::Retry retry_;
   std::string token_;
+  std::string previous_token_;
   std::chrono::steady_clock::time_point refresh_at_;
   bool refreshing_ = false;
   runtime::AsyncEvent refreshed_;

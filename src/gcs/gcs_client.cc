@@ -8,6 +8,7 @@
 #include "gcs/gcs_url.h"
 #include "gcs/retry.h"
 #include "runtime/io_ops.h"
+#include "runtime/redact.h"
 
 namespace ckptio::gcs {
 namespace {
@@ -60,6 +61,13 @@ Status CheckStored(const ObjectMeta& meta, const UploadSource* source, const std
                            std::to_string(source->size));
   }
   return Status::Ok();
+}
+
+// The CRC32C the data has, if the caller gave one (REQUIRES: crc_ready, if
+// any, is set).
+std::optional<uint32_t> SourceCrc(const UploadSource* source) {
+  if (source->crc32c == nullptr) return std::nullopt;
+  return *source->crc32c;
 }
 
 // "bytes=0-N" -> N + 1; no header -> 0 (nothing persisted).
@@ -125,6 +133,14 @@ std::string GcsClient::WithUserProject(std::string url) const {
 }
 
 Task<Status> GcsClient::Authorize(http::Request* r) {
+  // Checked before a token is even fetched: over plain http anyone on the
+  // path could read the token and use it for an hour.
+  if (auth_.SendsCredentials() && !options_.allow_http_credentials && endpoint_.rfind("http://", 0) == 0) {
+    co_return FailedPreconditionError(
+        "refusing to send GCS credentials (" + auth_.Describe() + ") over plain http to " + endpoint_ +
+        ": use an https:// endpoint, set STORAGE_EMULATOR_HOST for an emulator (which gets no credentials), or "
+        "set gcs.allow_http_credentials to true if the path to this endpoint is trusted");
+  }
   auto header = co_await auth_.Header();
   if (!header.ok()) co_return header.status().WithContext("cannot authenticate to GCS with " + auth_.Describe());
   if (!header->empty()) r->headers.push_back(std::move(*header));
@@ -132,15 +148,34 @@ Task<Status> GcsClient::Authorize(http::Request* r) {
   co_return Status::Ok();
 }
 
-Task<Result<http::Response>> GcsClient::Call(std::string what, const std::function<http::Request()>& make) {
+std::vector<std::string> GcsClient::Secrets() const {
+  std::vector<std::string> out = auth_.Secrets();
+  for (const auto& [name, value] : options_.headers) {
+    if (runtime::LooksLikeCredential(value)) out.push_back(value);
+  }
+  return out;
+}
+
+Task<Result<http::Response>> GcsClient::Call(std::string what, const std::function<http::Request()>& make,
+                                             std::optional<Clock::time_point> until) {
   Backoff backoff(options_.retry);
   bool refreshed = false;
   for (;;) {
     http::Request r = make();
-    CO_TRY(co_await Authorize(&r));
+    Status authorized = co_await Authorize(&r);  // a token fetch, if any, counts against `until` too
+    if (!authorized.ok()) co_return std::move(authorized).WithContext(what);
+    if (until) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(*until - Clock::now());
+      if (left.count() <= 0) {
+        co_return DeadlineExceededError(what + ": no time left to send " + r.method + " " +
+                                        r.url.substr(0, r.url.find('?')) + ": gcs.retry.deadline (" +
+                                        std::to_string(options_.retry.deadline.count()) + " ms) reached");
+      }
+      r.time_limit = left;
+    }
     ++stats_.requests;
     auto resp = co_await http_.Send(std::move(r));
-    Outcome o = Classify(resp, what);
+    Outcome o = Classify(resp, what, Secrets());
     if (o.status.ok()) co_return resp;
     if (o.unauthorized && !refreshed) {
       auth_.Invalidate();  // one fresh token, then a 401 is final
@@ -169,7 +204,7 @@ Task<Result<std::string>> GcsClient::StartSession(const std::string& bucket, con
     r.body = "{}";
     return r;
   };
-  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call("start " + what, make));
+  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call("start " + what, make, MetadataDeadline()));
   std::string_view location = resp.Header("location");
   if (location.empty()) co_return UnavailableError("start " + what + ": the answer has no Location header");
   co_return std::string(location);
@@ -203,6 +238,23 @@ Task<Result<http::Response>> GcsClient::QuerySession(const std::string& session,
   co_return co_await http_.Send(std::move(r));
 }
 
+Task<Result<ObjectMeta>> GcsClient::ConfirmStored(std::string bucket, std::string name, uint64_t size,
+                                                  std::optional<uint32_t> crc, std::string what) {
+  const std::string url = GsUrl(bucket, name);
+  const std::string broken = what + ": the server answered with success, but its answer is not an object resource";
+  auto meta = co_await Stat(bucket, name);
+  if (meta.status().code() == StatusCode::kNotFound) {
+    co_return UnavailableError(broken + ", and " + url + " does not exist: the upload did not complete; save again");
+  }
+  if (!meta.ok()) co_return meta.status().WithContext(broken + "; checking what " + url + " holds");
+  const bool crc_matches = !crc || !meta->crc32c || *meta->crc32c == *crc;
+  if (meta->size == size && crc_matches) co_return meta;
+  const auto crc_text = [](std::optional<uint32_t> c) { return c ? " with CRC32C " + format::Crc32cToHex(*c) : ""; };
+  co_return CorruptionError(broken + ", and " + url + " holds " + std::to_string(meta->size) + " bytes" +
+                            crc_text(meta->crc32c) + ", not the " + std::to_string(size) + " bytes" + crc_text(crc) +
+                            " this upload sent: the object there is not ours");
+}
+
 Task<Result<ObjectMeta>> GcsClient::UploadOnce(std::string bucket, std::string name, const UploadSource* source) {
   const std::string what = "upload " + GsUrl(bucket, name);
   std::string url = WithUserProject(endpoint_ + "/upload/storage/v1/b/" + UrlEncode(bucket) +
@@ -221,9 +273,14 @@ Task<Result<ObjectMeta>> GcsClient::UploadOnce(std::string bucket, std::string n
     return r;
   };
   stats_.bytes_uploaded += source->size;
-  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make));
-  CO_ASSIGN_OR_RETURN(ObjectMeta meta, ParseObjectBody(resp, what));
+  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make, std::nullopt));  // data: bounded by stalls
   if (source->crc_ready != nullptr) co_await source->crc_ready->Wait();
+  Result<ObjectMeta> parsed = ParseObjectBody(resp, what);
+  if (!parsed.ok()) {
+    const std::optional<uint32_t> crc = SourceCrc(source);
+    parsed = co_await ConfirmStored(bucket, name, source->size, crc, what);
+  }
+  CO_ASSIGN_OR_RETURN(ObjectMeta meta, std::move(parsed));
   CO_TRY(CheckStored(meta, source, what));
   if (source->progress != nullptr) source->progress->fetch_add(source->size, std::memory_order_relaxed);
   co_return meta;
@@ -265,7 +322,7 @@ Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name,
       if (committed < sent_end) stats_.bytes_resent += std::min(sent_end, committed + len) - committed;
       resp = co_await SendChunk(session, source, committed, len, last);
       sent_end = std::max(sent_end, committed + len);
-      failure = Classify(resp, what);
+      failure = Classify(resp, what, Secrets());
       if (!failure.status.ok()) break;
       if (resp->status != 308) break;  // 200/201: the object exists
       committed = CommittedBytes(*resp);
@@ -289,15 +346,21 @@ Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name,
         slept.IgnoreError();
       }
       resp = co_await QuerySession(session, source->size);
-      failure = Classify(resp, what);
+      failure = Classify(resp, what, Secrets());
       if (failure.status.ok() && resp->status == 308) {
         committed = CommittedBytes(*resp);
         break;  // resend from there
       }
     }
     if (session.empty() || (resp.ok() && resp->status == 308)) continue;
-    // 200/201: done. Check the server's CRC32C against ours.
-    CO_ASSIGN_OR_RETURN(ObjectMeta meta, ParseObjectBody(*resp, what));
+    // 200/201: done. Check the server's CRC32C against ours; an answer that
+    // says so but is broken is settled by what the bucket holds.
+    Result<ObjectMeta> parsed = ParseObjectBody(*resp, what);
+    if (!parsed.ok()) {
+      const std::optional<uint32_t> crc = SourceCrc(source);
+      parsed = co_await ConfirmStored(bucket, name, source->size, crc, what);
+    }
+    CO_ASSIGN_OR_RETURN(ObjectMeta meta, std::move(parsed));
     CO_TRY(CheckStored(meta, source, what));
     report(source->size);
     co_return meta;
@@ -322,7 +385,7 @@ Task<Result<ObjectMeta>> GcsClient::UploadSmall(std::string bucket, std::string 
     r.pieces = {{body.data(), body.size()}};
     return r;
   };
-  auto resp = co_await Call(what, make);
+  auto resp = co_await Call(what, make, MetadataDeadline());
   if (!resp.ok() && resp.status().code() == StatusCode::kAlreadyExists && attempts > 1) {
     // A retry after a lost answer finds the object our first attempt made:
     // it is ours if its bytes are.
@@ -330,7 +393,13 @@ Task<Result<ObjectMeta>> GcsClient::UploadSmall(std::string bucket, std::string 
     if (meta.ok() && meta->crc32c == crc && meta->size == body.size()) co_return meta;
   }
   if (!resp.ok()) co_return resp.status();
-  co_return ParseObjectBody(*resp, what);
+  Result<ObjectMeta> parsed = ParseObjectBody(*resp, what);
+  if (!parsed.ok()) {
+    // Committed, but the answer is broken: ours if the bytes are.
+    const std::optional<uint32_t> known_crc = crc;
+    parsed = co_await ConfirmStored(bucket, name, body.size(), known_crc, what);
+  }
+  co_return parsed;
 }
 
 Task<Result<ObjectMeta>> GcsClient::Stat(std::string bucket, std::string name) {
@@ -341,7 +410,7 @@ Task<Result<ObjectMeta>> GcsClient::Stat(std::string bucket, std::string name) {
     r.url = url;
     return r;
   };
-  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make));
+  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make, MetadataDeadline()));
   co_return ParseObjectBody(resp, what);
 }
 
@@ -359,7 +428,7 @@ Task<Status> GcsClient::Read(std::string bucket, std::string name, uint64_t offs
     r.response_capacity = len;
     return r;
   };
-  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make));
+  CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make, std::nullopt));  // data: bounded by stalls
   if (resp.body_bytes != len) {
     co_return CorruptionError(what + ": wanted " + std::to_string(len) + " bytes at offset " + std::to_string(offset) +
                               ", got " + std::to_string(resp.body_bytes));
@@ -389,7 +458,7 @@ Task<Result<std::string>> GcsClient::ReadAll(std::string bucket, std::string nam
     r.max_body = std::max<size_t>(limit, size_t{1} << 20) + 1;  // room for an error's JSON body
     return r;
   };
-  auto resp = co_await Call(what, make);
+  auto resp = co_await Call(what, make, MetadataDeadline());
   if (!resp.ok()) {
     if (resp.status().code() == StatusCode::kCorruption &&
         resp.status().message().find("longer than") != std::string::npos) {
@@ -415,6 +484,7 @@ Task<Result<std::string>> GcsClient::ReadAll(std::string bucket, std::string nam
 Task<Result<ListResult>> GcsClient::List(std::string bucket, std::string prefix, std::string delimiter,
                                          int page_size) {
   const std::string what = "list " + GsUrl(bucket, prefix);
+  const Clock::time_point until = MetadataDeadline();  // for every page together
   ListResult out;
   std::string page_token;
   do {
@@ -428,7 +498,7 @@ Task<Result<ListResult>> GcsClient::List(std::string bucket, std::string prefix,
       r.url = url;
       return r;
     };
-    CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make));
+    CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make, until));
     Json j = Json::parse(resp.body, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object()) co_return UnavailableError(what + ": the answer is not a JSON object");
     if (j.contains("items") && j["items"].is_array()) {
@@ -457,7 +527,7 @@ Task<Status> GcsClient::Delete(std::string bucket, std::string name) {
     r.url = url;
     return r;
   };
-  auto resp = co_await Call("delete " + GsUrl(bucket, name), make);
+  auto resp = co_await Call("delete " + GsUrl(bucket, name), make, MetadataDeadline());
   if (!resp.ok() && resp.status().code() != StatusCode::kNotFound) co_return resp.status();
   co_return Status::Ok();
 }

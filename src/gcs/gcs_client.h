@@ -4,15 +4,19 @@
 // Every call retries 408, 429, 5xx, connection resets and timeouts with
 // capped exponential backoff and full jitter (gcs.retry), refreshes the token
 // once after a 401, and fails fast on anything else with the server's own
-// error message. Uploads of large objects are resumable: chunks of
-// gcs.chunk_size, and after any failure the session is queried and only the
-// bytes the server does not have are sent again.
+// error message (credentials redacted). Uploads of large objects are
+// resumable: chunks of gcs.chunk_size, and after any failure the session is
+// queried and only the bytes the server does not have are sent again. A
+// metadata call (list, stat, delete, small reads and uploads) ends within
+// gcs.retry.deadline, retries included, even if the endpoint never answers.
 //
 // Threads: loop thread only. Buffers stay owned by the caller until the call
 // finishes.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -69,7 +73,8 @@ class GcsClient {
             Options::Gcs options);
 
   // An object of any size: one request when it fits a chunk, else a
-  // resumable upload in chunks.
+  // resumable upload in chunks. (Here and in UploadSmall, a success whose
+  // answer is broken is settled by ConfirmStored.)
   Task<Result<ObjectMeta>> Upload(std::string bucket, std::string name, const UploadSource* source);
   // A small object in one request; if_generation_match=0 makes it fail with
   // AlreadyExists if the object exists (the commit of a manifest).
@@ -93,9 +98,18 @@ class GcsClient {
   const std::string& endpoint() const { return endpoint_; }
 
  private:
-  struct Attempt;
+  using Clock = std::chrono::steady_clock;
   // Sends a request built by `make` with retries; `what` names it in errors.
-  Task<Result<http::Response>> Call(std::string what, const std::function<http::Request()>& make);
+  // With `until` (a metadata operation: list, stat, delete, small reads and
+  // uploads), the whole call ends by then, attempts included: each attempt
+  // gets what is left as its time limit, so an endpoint that accepts and
+  // never answers costs gcs.retry.deadline, not max_attempts stalls. Without
+  // (a data transfer), an attempt ends when it stalls for
+  // gcs.timeouts.stall, and retries stop at gcs.retry.deadline.
+  Task<Result<http::Response>> Call(std::string what, const std::function<http::Request()>& make,
+                                    std::optional<Clock::time_point> until);
+  // Now + gcs.retry.deadline: when a metadata operation starting now ends.
+  Clock::time_point MetadataDeadline() const { return Clock::now() + options_.retry.deadline; }
   // One request (uploadType=media); the stored CRC32C is checked after.
   Task<Result<ObjectMeta>> UploadOnce(std::string bucket, std::string name, const UploadSource* source);
   Task<Result<std::string>> StartSession(const std::string& bucket, const std::string& name,
@@ -103,7 +117,16 @@ class GcsClient {
   Task<Result<http::Response>> SendChunk(const std::string& session, const UploadSource* source,
                                          uint64_t offset, uint64_t len, bool last);
   Task<Result<http::Response>> QuerySession(const std::string& session, uint64_t total);
+  // After a 2xx that completes an upload but whose body is not an object
+  // resource (a stream broken after the server committed): the object is
+  // ours iff the bucket holds `size` bytes with CRC32C `crc` (when known)
+  // under `name`. Its metadata if so; else an error that says what is there.
+  Task<Result<ObjectMeta>> ConfirmStored(std::string bucket, std::string name, uint64_t size,
+                                         std::optional<uint32_t> crc, std::string what);
   Task<Status> Authorize(http::Request* r);
+  // What the requests carry that no error may show: the tokens, and the
+  // configured header values that look like credentials.
+  std::vector<std::string> Secrets() const;
   std::string ObjectUrl(const std::string& bucket, const std::string& name) const;
   std::string WithUserProject(std::string url) const;
 

@@ -3,19 +3,27 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "runtime/redact.h"
+
 namespace ckptio::gcs {
 namespace {
 
 // GCS error bodies: {"error": {"code": 503, "message": "..."}}; fall back to
-// the start of the body for anything else (an HTML page from a proxy).
-std::string ServerMessage(const http::Response& r) {
+// the start of the body for anything else (an HTML page from a proxy). The
+// credentials are redacted before the body is cut to 200 bytes, so that no
+// prefix of one survives the cut (tokens are shorter than the 4 KiB more
+// looked at).
+std::string ServerMessage(const http::Response& r, std::span<const std::string> secrets) {
   auto j = nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
   if (j.is_object() && j.contains("error")) {
     const auto& e = j["error"];
-    if (e.is_object() && e.contains("message") && e["message"].is_string()) return e["message"].get<std::string>();
-    if (e.is_string()) return e.get<std::string>();
+    if (e.is_object() && e.contains("message") && e["message"].is_string()) {
+      return runtime::RedactCredentials(e["message"].get<std::string>(), secrets);
+    }
+    if (e.is_string()) return runtime::RedactCredentials(e.get<std::string>(), secrets);
   }
-  std::string body = r.body.substr(0, 200);
+  std::string body =
+      runtime::RedactCredentials(std::string_view(r.body).substr(0, 200 + 4096), secrets).substr(0, 200);
   for (char& c : body) {
     if (c == '\n' || c == '\r') c = ' ';
   }
@@ -24,15 +32,16 @@ std::string ServerMessage(const http::Response& r) {
 
 }  // namespace
 
-Outcome Classify(const Result<http::Response>& result, std::string_view what) {
+Outcome Classify(const Result<http::Response>& result, std::string_view what,
+                 std::span<const std::string> secrets) {
   if (!result.ok()) {
     StatusCode c = result.status().code();
     bool transient = c == StatusCode::kUnavailable || c == StatusCode::kDeadlineExceeded;
-    return {result.status(), transient, false};
+    return {result.status().WithContext(what), transient, false};
   }
   const long s = result->status;
   if ((s >= 200 && s < 300) || s == 308) return {Status::Ok(), false, false};
-  std::string m = std::string(what) + ": HTTP " + std::to_string(s) + ": " + ServerMessage(*result);
+  std::string m = std::string(what) + ": HTTP " + std::to_string(s) + ": " + ServerMessage(*result, secrets);
   if (s == 408 || s == 429 || s >= 500) return {UnavailableError(std::move(m)), true, false};
   switch (s) {
     case 401: return {Status(StatusCode::kPermissionDenied, std::move(m)), false, true};
@@ -62,9 +71,12 @@ bool Backoff::Next(std::chrono::milliseconds* delay) {
 
 std::string Backoff::Exhausted() const {
   auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start_);
-  return "gave up after " + std::to_string(attempts_) + " attempts in " + std::to_string(elapsed.count()) +
-         " ms (gcs.retry: max_attempts " + std::to_string(policy_.max_attempts) + ", deadline " +
-         std::to_string(policy_.deadline.count()) + " ms)";
+  const std::string max_attempts = "gcs.retry.max_attempts " + std::to_string(policy_.max_attempts);
+  const std::string deadline = "gcs.retry.deadline " + std::to_string(policy_.deadline.count()) + " ms";
+  const bool out_of_attempts = attempts_ >= policy_.max_attempts;
+  return "gave up after " + std::to_string(attempts_) + (attempts_ == 1 ? " attempt" : " attempts") + " in " +
+         std::to_string(elapsed.count()) + " ms: " + (out_of_attempts ? max_attempts : deadline) + " reached (" +
+         (out_of_attempts ? deadline : max_attempts) + ")";
 }
 
 }  // namespace ckptio::gcs

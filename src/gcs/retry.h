@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdint>
 #include <random>
+#include <span>
+#include <string>
 #include <string_view>
 
 #include "ckptio/options.h"
@@ -21,7 +23,11 @@ struct Outcome {
 // The one function that turns an HTTP result into a Status and a verdict.
 // `what` names the operation and object ("upload gs://b/o"); the message
 // adds the HTTP status and the server's own error message, never a header.
-Outcome Classify(const Result<http::Response>& result, std::string_view what);
+// A server may echo the request in its message: `secrets` (the credentials
+// the request carried) and anything that looks like a bearer token are
+// redacted from it first.
+Outcome Classify(const Result<http::Response>& result, std::string_view what,
+                 std::span<const std::string> secrets = {});
 
 // Capped exponential backoff with full jitter, bounded by attempts and a
 // deadline. Not thread-safe; one per operation.
@@ -31,8 +37,11 @@ class Backoff {
   // True if another attempt is allowed; sets *delay to wait first.
   bool Next(std::chrono::milliseconds* delay);
   int attempts() const { return attempts_; }
-  // Why Next() said no, to append to the last error.
+  // Why Next() said no, to append to the last error: the attempts, the time
+  // and which knob ran out (gcs.retry.max_attempts or gcs.retry.deadline).
   std::string Exhausted() const;
+  // When gcs.retry.deadline runs out, counted from this object's creation.
+  std::chrono::steady_clock::time_point deadline() const { return start_ + policy_.deadline; }
 
  private:
   Options::Gcs::Retry policy_;

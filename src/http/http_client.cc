@@ -446,6 +446,7 @@ Status HttpClient::Impl::Configure(Transfer* t) {
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, stall_s);
   t->stall_timeout = options_.stall_timeout;
+  if (r.time_limit.count() > 0) curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(r.time_limit.count()));
   t->last_progress = std::chrono::steady_clock::now();
   curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, &Impl::OnProgress);
   curl_easy_setopt(e, CURLOPT_XFERINFODATA, t);
@@ -490,6 +491,7 @@ Task<Result<Response>> HttpClient::Impl::Send(Request request) {
   CO_TRY(Configure(&t));
   ++stats.requests;
   TransferAwaiter awaiter(this, &t);
+  const auto started = std::chrono::steady_clock::now();
   co_await awaiter;
   t.response.bytes_sent = t.read_pos;
   stats.bytes_sent += t.read_pos;
@@ -504,6 +506,12 @@ Task<Result<Response>> HttpClient::Impl::Send(Request request) {
     if (t.stalled) {
       co_return DeadlineExceededError(what + ": stalled: no byte moved for " +
                                       std::to_string(options_.stall_timeout.count()) + " ms");
+    }
+    // (Not a connect timeout: that one fires before the time limit.)
+    if (t.result == CURLE_OPERATION_TIMEDOUT && request.time_limit.count() > 0 &&
+        std::chrono::steady_clock::now() - started >= request.time_limit) {
+      co_return DeadlineExceededError(what + ": not done within its time limit of " +
+                                      std::to_string(request.time_limit.count()) + " ms (" + t.error + ")");
     }
     co_return CurlCodeToStatus(t.result, what, t.error);
   }

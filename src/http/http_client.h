@@ -59,6 +59,9 @@ struct Request {
   // Otherwise (and for error bodies) Response::body holds at most this many
   // bytes; more is an error, so a hostile server cannot make it grow unbounded.
   size_t max_body = size_t{64} << 20;
+  // The whole request, connection included, ends by then (DeadlineExceeded)
+  // even if bytes still trickle; 0 = no limit but the stall timeout.
+  std::chrono::milliseconds time_limit{0};
 };
 
 struct Response {

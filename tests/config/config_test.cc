@@ -530,6 +530,7 @@ TEST_CASE("ToJson is strict JSON that parses back to the same Options") {
   o.gcs.headers = {{"X-Custom", "v"}};
   o.gcs.user_project = "billing";
   o.gcs.http_version = "2";
+  o.gcs.allow_http_credentials = true;
   o.preemption = {.on_sigterm = true, .grace = 1min};
   const std::string text = ToJson(o);
   CHECK(nlohmann::json::accept(text));  // no comments: any JSON tool can read the dump
@@ -543,6 +544,23 @@ TEST_CASE("ToJson redacts the value of an Authorization header") {
   CHECK_FALSE(Contains(text, "ya29.secret"));
   const auto headers = nlohmann::json::parse(text)["gcs"]["headers"];
   CHECK(headers["Authorization"] == "<redacted>");
+  CHECK(headers["X-Trace"] == "on");
+}
+
+TEST_CASE("ToJson redacts a header value that looks like a credential, whatever the header is called") {
+  Options o;
+  o.gcs.headers = {{"X-Upstream", "Bearer ya29.a0AfB-upstream"},
+                   {"X-Forward", "basic dXNlcjpwYXNzd29yZA=="},
+                   {"X-Passthrough", "ya29.c.passthrough"},
+                   {"X-Opaque", "3kq9Zr8LmQ2vXy7TbNw4GOCSPX12"},
+                   {"X-Goog-User-Project", "my-billing-project"},
+                   {"X-Trace", "on"}};
+  const auto headers = nlohmann::json::parse(ToJson(o))["gcs"]["headers"];
+  CHECK(headers["X-Upstream"] == "<redacted>");
+  CHECK(headers["X-Forward"] == "<redacted>");
+  CHECK(headers["X-Passthrough"] == "<redacted>");
+  CHECK(headers["X-Opaque"] == "<redacted>");
+  CHECK(headers["X-Goog-User-Project"] == "my-billing-project");
   CHECK(headers["X-Trace"] == "on");
 }
 

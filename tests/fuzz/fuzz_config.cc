@@ -32,7 +32,7 @@ void CheckRejection(const Status& s) {
 Options Redacted(const Options& o) {
   Options r = o;
   for (auto& [name, value] : r.gcs.headers) {
-    if (config::IsSecretHeader(name)) value = "<redacted>";
+    if (config::IsSecretValue(name, value)) value = "<redacted>";
   }
   const config::Knob* endpoint = config::FindKnob("gcs.endpoint");
   FUZZ_CHECK(endpoint != nullptr, "no gcs.endpoint knob");

@@ -31,6 +31,8 @@ A rule (all keys optional; unknown keys are rejected with 400):
                    (or "body") without forwarding; with "after_forward": true the request is
                    forwarded first and the upstream response is replaced.
                    "drain": false answers without reading the request body, then closes.
+                   "echo_request_headers": true appends "; you sent: {...}" with every request
+                   header, credentials included, to the message (a server that echoes the request).
                "reset_after_request_bytes": N   read N bytes of the request body, then close the
                    client connection with RST. The N bytes are streamed to the upstream, which then
                    sees the request cut ("forward_partial": false: nothing is forwarded). If N is
@@ -41,6 +43,10 @@ A rule (all keys optional; unknown keys are rejected with 400):
                    "after_forward": true the stall starts once the upstream has answered.
                "cut_response_after": N   send the headers (full Content-Length) and N body bytes,
                    then close.
+               "truncate_response_body": N   send only the first N bytes of the upstream's body,
+                   framed as if that were all of it (Content-Length N, or the chunked end): the
+                   client gets a complete response with a broken body (e.g. a 200 whose JSON is
+                   cut after the upstream committed the request).
                "corrupt_response_byte": K | [K, ...]   flip (xor 0xFF) response body byte(s).
                "latency_ms": ms   delay before forwarding.
                "bandwidth_bytes_per_s": B   shape this request's body and its response body.
@@ -91,7 +97,7 @@ LOGGED_RESPONSE_HEADERS = ("range", "location", "content-range", "content-length
 RULE_KEYS = {"id", "method", "path", "headers", "nth", "times", "skip", "status", "message", "body",
              "response_headers", "after_forward", "drain", "reset_after_request_bytes", "forward_partial",
              "stall_seconds", "stall_then", "cut_response_after", "corrupt_response_byte", "latency_ms",
-             "bandwidth_bytes_per_s", "require_bearer"}
+             "bandwidth_bytes_per_s", "require_bearer", "echo_request_headers", "truncate_response_body"}
 SETTING_KEYS = {"latency_ms", "bandwidth_bytes_per_s", "upload_bytes_per_s", "download_bytes_per_s",
                 "require_bearer"}
 REASONS = {400: "badRequest", 401: "authError", 403: "forbidden", 404: "notFound", 408: "requestTimeout",
@@ -796,7 +802,12 @@ class FaultProxy:
         # respond without forwarding
         if "status" in spec and not after_forward and reset_n is None:
             entry["action"] = "status"
-            return await self._answer(writer, body, expect, entry, finish, int(spec["status"]), spec.get("message"),
+            message = spec.get("message")
+            if spec.get("echo_request_headers"):
+                code = int(spec["status"])
+                message = (f"{message or PHRASES.get(code, 'Error')}; you sent: "
+                           f"{dict((k, v) for k, v in headers.items)!r}")
+            return await self._answer(writer, body, expect, entry, finish, int(spec["status"]), message,
                                       spec.get("body"), spec.get("response_headers"),
                                       drain=spec.get("drain", True), count_up=count_up)
 
@@ -969,13 +980,16 @@ class FaultProxy:
             out.set("Location", f"http://{client_host}" + loc[len(self.upstream):])
         close_after = False
         cut = spec.get("cut_response_after")
+        truncate = spec.get("truncate_response_body")
+        if truncate is not None:
+            truncate = int(truncate)
         if rchunked or reof:
             if version == "HTTP/1.1":
                 out.set("Transfer-Encoding", "chunked")
             else:
                 close_after = True
         elif rlen is not None and (ustatus >= 200 and method != "HEAD" and ustatus not in (204, 304)):
-            out.set("Content-Length", str(rlen))
+            out.set("Content-Length", str(rlen if truncate is None else min(truncate, rlen)))
         elif rhead.get("content-length") is not None:
             out.set("Content-Length", rhead.get("content-length"))
         relay_chunked = (rchunked or reof) and version == "HTTP/1.1"
@@ -984,6 +998,8 @@ class FaultProxy:
         entry["status"] = ustatus
         if cut is not None:
             entry["action"] = "cut"
+        elif truncate is not None:
+            entry["action"] = "truncate"
         elif rule is not None and rule.corrupt:
             entry["action"] = "corrupt"
         elif rule is not None:
@@ -998,7 +1014,9 @@ class FaultProxy:
             sent = 0
             while True:
                 want = piece if cut is None else min(piece, int(cut) - sent)
-                if cut is not None and want <= 0:
+                if truncate is not None:
+                    want = min(want, truncate - sent)
+                if (cut is not None or truncate is not None) and want <= 0:
                     break
                 try:
                     d = await rbody.read(want)
@@ -1029,6 +1047,8 @@ class FaultProxy:
                 writer.close()
                 finish("cut")
                 return False
+            if truncate is not None and not rbody.done:
+                await discard_upstream_body()  # the client's response is complete as framed
             if relay_chunked:
                 writer.write(b"0\r\n\r\n")
             await writer.drain()

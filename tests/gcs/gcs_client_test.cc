@@ -1,11 +1,16 @@
 // GcsClient against a real GCS emulator (gcp-storage-emulator from PyPI)
 // behind our fault-injecting proxy; run under tests/gcs/with_gcs.py.
 
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -57,6 +62,7 @@ struct Fixture {
     options.retry.max_attempts = 5;
     options.retry.initial_backoff = std::chrono::milliseconds(5);
     options.retry.max_backoff = std::chrono::milliseconds(50);
+    options.allow_http_credentials = true;  // the proxy is plain http on 127.0.0.1
     UseAuth(std::move(MakeAuth(*loop, *http, options, /*emulator=*/true)).value());
   }
   ~Fixture() { if (!std::getenv("CKPTIO_KEEP_PROXY_LOG")) control->Reset(); }
@@ -283,6 +289,77 @@ TEST_CASE_FIXTURE(Fixture, "a session that expired (410) is started again from t
   CHECK(ReadBack(name, data.size()) == data);
 }
 
+// The final chunk's request, and a 200 whose object resource is cut after
+// 100 bytes (framed as complete) once the server has committed the object.
+Json CutFinalAnswer() {
+  return {{"method", "PUT"}, {"path", "upload_id="}, {"headers", {{"Content-Range", "/\\d+$"}}},
+          {"nth", 1},        {"truncate_response_body", 100}};
+}
+
+TEST_CASE_FIXTURE(Fixture, "a 200 cut short on the last chunk is confirmed by the stored object's size and CRC32C") {
+  control->SetRules(Json::array({CutFinalAnswer()}));
+  const std::string name = UniqueName("cut-final");
+  const std::string data = Bytes(3 * kQ + 7, 13);
+  const uint32_t crc = format::Crc32c(data.data(), data.size());
+  auto meta = Upload(name, data, &crc);
+  REQUIRE_MESSAGE(meta.ok(), meta.status().ToString());
+  CHECK(control->Fired() == 1);
+  CHECK(meta->name == name);
+  CHECK(meta->size == data.size());
+  CHECK(meta->crc32c == crc);
+  CHECK(control->Count("PUT", "upload_id=") == 4);  // nothing was sent again
+  CHECK(ReadBack(name, data.size()) == data);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a 200 cut short on a one-request upload or a small upload is confirmed the same way") {
+  control->SetRules(Json::array({{{"method", "POST"}, {"path", "uploadType=media"}, {"times", 2},
+                                  {"truncate_response_body", 100}}}));
+  const std::string name = UniqueName("cut-once");
+  const std::string data = Bytes(kQ / 2, 14);
+  const uint32_t crc = format::Crc32c(data.data(), data.size());
+  auto once = Upload(name, data, &crc);
+  REQUIRE_MESSAGE(once.ok(), once.status().ToString());
+  CHECK(once->size == data.size());
+  CHECK(once->crc32c == crc);
+  const std::string manifest = UniqueName("cut-small");
+  auto small = Run(client->UploadSmall(bucket, manifest, "{\"step\": 3}", 0));
+  REQUIRE_MESSAGE(small.ok(), small.status().ToString());
+  CHECK(small->size == 11);
+  CHECK(control->Fired() == 2);
+  CHECK(control->Count("POST", "uploadType=media") == 2);  // neither was sent twice
+  CHECK(ReadBack(name, data.size()) == data);
+  CHECK(ReadBack(manifest, 11) == "{\"step\": 3}");
+}
+
+TEST_CASE_FIXTURE(Fixture, "a broken 200 on the last chunk fails naming the object when another object is stored") {
+  const std::string name = UniqueName("cut-not-ours");
+  REQUIRE(Run(client->UploadSmall(bucket, name, "someone else's", {})).ok());
+  // The final chunk never reaches the server, whose "200" is a broken body.
+  control->SetRules(Json::array({{{"method", "PUT"}, {"path", "upload_id="}, {"headers", {{"Content-Range", "/\\d+$"}}},
+                                  {"status", 200}, {"body", "{\"kind\": \"storage#object\", \"na"}}}));
+  const std::string data = Bytes(2 * kQ + 5, 15);
+  const uint32_t crc = format::Crc32c(data.data(), data.size());
+  auto meta = Upload(name, data, &crc);
+  CHECK(meta.status().code() == StatusCode::kCorruption);
+  const std::string& m = meta.status().message();
+  CHECK(m.find("upload " + GsUrl(bucket, name)) != std::string::npos);
+  CHECK(m.find("not an object resource") != std::string::npos);
+  CHECK(m.find("holds 14 bytes") != std::string::npos);
+  CHECK(m.find("not the " + std::to_string(data.size()) + " bytes") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a broken 200 on the last chunk fails naming the object when nothing is stored") {
+  control->SetRules(Json::array({{{"method", "PUT"}, {"path", "upload_id="}, {"headers", {{"Content-Range", "/\\d+$"}}},
+                                  {"status", 200}, {"body", "{\"kind\": \"storage#object\", \"na"}}}));
+  const std::string name = UniqueName("cut-nothing");
+  auto meta = Upload(name, Bytes(2 * kQ + 5, 16));
+  CHECK(meta.status().code() == StatusCode::kUnavailable);
+  const std::string& m = meta.status().message();
+  CHECK(m.find("upload " + GsUrl(bucket, name)) != std::string::npos);
+  CHECK(m.find("not an object resource") != std::string::npos);
+  CHECK(m.find("does not exist") != std::string::npos);
+}
+
 TEST_CASE_FIXTURE(Fixture, "retries stop at max_attempts with the server's message and the count") {
   options.retry.max_attempts = 3;
   UseAuth(std::move(auth));
@@ -433,6 +510,71 @@ TEST_CASE_FIXTURE(Fixture, "the metadata server gives a token the server accepts
   CHECK(auth->tokens_fetched() == 1);
 }
 
+// Sets or unsets environment variables for the life of the object.
+class ScopedEnv {
+ public:
+  void Set(const char* name, const char* value) {
+    const char* old = std::getenv(name);
+    saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second) {
+        setenv(it->first.c_str(), it->second->c_str(), 1);
+      } else {
+        unsetenv(it->first.c_str());
+      }
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// A port on 127.0.0.1 that nothing listens on (bound, then closed).
+int ClosedPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST_CASE_FIXTURE(Fixture, "with no other credentials the metadata server's failure names every source tried") {
+  ScopedEnv env;
+  env.Set("GOOGLE_APPLICATION_CREDENTIALS", nullptr);
+  const std::string host = "127.0.0.1:" + std::to_string(ClosedPort());
+  env.Set("GCE_METADATA_HOST", host.c_str());
+  options.retry.max_attempts = 1;
+  UseAuth(std::move(MakeAuth(*loop, *http, options, /*emulator=*/false)).value());
+  const std::string name = UniqueName("nocreds");
+  auto stat = Run(client->Stat(bucket, name));
+  CHECK(stat.status().code() == StatusCode::kUnavailable);
+  const std::string& m = stat.status().message();
+  CHECK(m.find("stat " + GsUrl(bucket, name)) != std::string::npos);
+  CHECK(m.find("metadata server " + host) != std::string::npos);
+  CHECK(m.find("STORAGE_EMULATOR_HOST") != std::string::npos);
+  CHECK(m.find("GOOGLE_APPLICATION_CREDENTIALS") != std::string::npos);
+  CHECK(m.find("GCE_METADATA_HOST") != std::string::npos);
+  // Without GCE_METADATA_HOST, the default host is named as such (no request made here).
+  env.Set("GCE_METADATA_HOST", nullptr);
+  auto fallback = MakeAuth(*loop, *http, options, /*emulator=*/false);
+  REQUIRE(fallback.ok());
+  const std::string described = (*fallback)->Describe();
+  CHECK(described.find("metadata.google.internal") != std::string::npos);
+  CHECK(described.find("GCE_METADATA_HOST is not set") != std::string::npos);
+}
+
 TEST_CASE_FIXTURE(Fixture, "without a valid token the server's 401 is reported, after one refresh") {
   UseAuth(std::move(MakeAuth(*loop, *http, options, /*emulator=*/true)).value());  // sends no token
   control->Settings({{"require_bearer", "issued"}});
@@ -450,6 +592,39 @@ TEST_CASE_FIXTURE(Fixture, "a 401 in the middle of an upload refreshes the token
   REQUIRE(Upload(name, data).ok());
   CHECK(auth->tokens_fetched() == 2);
   CHECK(ReadBack(name, data.size()) == data);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a token is not sent to a plain http endpoint without gcs.allow_http_credentials") {
+  options.allow_http_credentials = false;
+  UseAuth(std::move(ServiceAccountAuth(*loop, *http, options, ReadFile(Env("CKPTIO_TEST_SA_KEY")), "sa.json")).value());
+  const std::string name = UniqueName("plain-http");
+  auto meta = Upload(name, "data");
+  CHECK(meta.status().code() == StatusCode::kFailedPrecondition);
+  const std::string& m = meta.status().message();
+  CHECK(m.find("upload " + GsUrl(bucket, name)) != std::string::npos);
+  CHECK(m.find("over plain http to " + Env("STORAGE_EMULATOR_HOST")) != std::string::npos);
+  CHECK(m.find("gcs.allow_http_credentials") != std::string::npos);
+  CHECK(auth->tokens_fetched() == 0);  // refused before a token was even fetched
+  CHECK(control->Log().empty());       // and nothing reached the endpoint
+  // Without credentials (an emulator) the same endpoint is used as before.
+  UseAuth(std::move(MakeAuth(*loop, *http, options, /*emulator=*/true)).value());
+  REQUIRE(Upload(name, "data").ok());
+}
+
+TEST_CASE_FIXTURE(Fixture, "a server error that echoes the request shows its words but not our token") {
+  UseAuth(std::move(ServiceAccountAuth(*loop, *http, options, ReadFile(Env("CKPTIO_TEST_SA_KEY")), "sa.json")).value());
+  control->SetRules(Json::array({{{"method", "POST"},
+                                  {"path", "uploadType=media"},
+                                  {"status", 400},
+                                  {"message", "Invalid argument"},
+                                  {"echo_request_headers", true}}}));
+  auto meta = Upload(UniqueName("echo"), "data");
+  REQUIRE(auth->tokens_fetched() == 1);  // a token was sent, and echoed
+  CHECK(meta.status().code() == StatusCode::kInvalidArgument);
+  const std::string& m = meta.status().message();
+  CHECK(m.find("HTTP 400: Invalid argument; you sent: {") != std::string::npos);
+  CHECK(m.find("'Authorization': 'Bearer <redacted>'") != std::string::npos);
+  CHECK(m.find("ya29.") == std::string::npos);
 }
 
 TEST_CASE_FIXTURE(Fixture, "concurrent requests share one token fetch, and a token is refreshed before it expires") {

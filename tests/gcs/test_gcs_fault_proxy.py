@@ -252,6 +252,34 @@ def test_cut_response_after_n_bytes(gcs_proxy, gcs_emulator, gcs_bucket):
     assert e["response_body_bytes"] == 1000 and e["outcome"] == "cut"
 
 
+def test_truncate_response_body_frames_the_cut_body_as_complete(gcs_proxy, gcs_emulator, gcs_bucket):
+    data = os.urandom(100_000)
+    gcs_emulator.upload("t", data, gcs_bucket)
+    gcs_proxy.set_rules([{"method": "GET", "path": "alt=media", "nth": 1, "truncate_response_body": 100}])
+    c = conn_for(gcs_proxy.url)
+    c.request("GET", f"/storage/v1/b/{gcs_bucket}/o/t?alt=media")
+    r = c.getresponse()
+    assert r.status == 200 and int(r.getheader("Content-Length")) == 100
+    assert r.read() == data[:100]  # a complete response, as framed
+    # The connection is still good for the next request, which is not truncated.
+    c.request("GET", f"/storage/v1/b/{gcs_bucket}/o/t?alt=media")
+    assert c.getresponse().read() == data
+    e = gcs_proxy.log()[-2]
+    assert e["response_body_bytes"] == 100 and e["action"] == "truncate" and e["outcome"] == "ok"
+
+
+def test_echo_request_headers_puts_the_credentials_in_the_error_body(gcs_proxy, gcs_bucket):
+    gcs_proxy.set_rules([{"method": "GET", "status": 400, "message": "Invalid argument",
+                          "echo_request_headers": True}])
+    c = conn_for(gcs_proxy.url)
+    c.request("GET", f"/storage/v1/b/{gcs_bucket}/o", headers={"Authorization": "Bearer ya29.echo-me"})
+    r = c.getresponse()
+    message = json.loads(r.read())["error"]["message"]
+    assert r.status == 400
+    assert message.startswith("Invalid argument; you sent: {") and "'Authorization': 'Bearer ya29.echo-me'" in message
+    assert "echo-me" not in json.dumps(gcs_proxy.log())  # the proxy's own log still never holds it
+
+
 def test_corrupt_response_bytes(gcs_proxy, gcs_emulator, gcs_bucket):
     data = os.urandom(200_000)
     gcs_emulator.upload("c", data, gcs_bucket)

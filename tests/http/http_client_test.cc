@@ -225,6 +225,19 @@ TEST_CASE_FIXTURE(Fixture, "a server that stalls past the stall timeout gives De
   CHECK(resp.status().code() == StatusCode::kDeadlineExceeded);
 }
 
+TEST_CASE_FIXTURE(Fixture, "a request's time limit ends it long before the stall timeout would") {
+  HttpOptions o;
+  o.stall_timeout = std::chrono::minutes(10);
+  auto c = Client(o);
+  Request r;
+  r.url = server.url("/stall?s=30");
+  r.time_limit = std::chrono::milliseconds(300);
+  auto resp = Send(*c, r);
+  CHECK(resp.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(resp.status().message().find("GET " + server.url("/stall") + ": not done within its time limit of 300 ms") ==
+        0);
+}
+
 TEST_CASE_FIXTURE(Fixture, "a connection reset is Unavailable, and the next request still works") {
   auto c = Client();
   Request r;

@@ -5,6 +5,7 @@ import json
 
 import google_crc32c
 import numpy as np
+import pytest
 from safetensors.numpy import load, save_file
 
 
@@ -45,6 +46,44 @@ def test_the_official_client_reads_back_what_ckptio_wrote(tmp_path, run, gcs_env
     assert sorted(got) == sorted(tensors)
     for name, value in tensors.items():
         assert got[name].dtype == value.dtype and got[name].shape == value.shape
+        assert got[name].tobytes() == value.tobytes(), name
+
+
+# A 200 whose body is cut after 100 bytes, framed as complete: the server
+# committed the object, the answer that says so arrived broken.
+CUT_ANSWERS = {
+    "the last chunk of a resumable upload": {"method": "PUT", "path": "upload_id=",
+                                             "headers": {"Content-Range": r"/\d+$"}},
+    "a one-request upload": {"method": "POST", "path": r"uploadType=media&name=cut%2Fcheckpoint_1%2Fshard"},
+    "the manifest's commit": {"method": "POST", "path": r"uploadType=media&name=cut%2Fcheckpoint_1%2Fmanifest"},
+}
+
+
+@pytest.mark.parametrize("where", list(CUT_ANSWERS))
+def test_a_200_cut_after_100_bytes_is_confirmed_by_the_stored_object(where, tmp_path, run, gcs_env, gcs_proxy,
+                                                                     gcs_client, gcs_bucket):
+    tensors, path = sample(tmp_path)
+    config = tmp_path / "c.json"
+    config.write_text('{"shard_size": "1MiB", "gcs": {"chunk_size": "256KiB"}}')
+    gcs_proxy.set_rules([{**CUT_ANSWERS[where], "nth": 1, "truncate_response_body": 100}])
+    run("save", f"gs://{gcs_bucket}/cut", "--step", 1, "--from", path, "--config", config, env=gcs_env)
+    assert [r["fired"] for r in gcs_proxy.rules()] == [1]
+    cut = [e for e in gcs_proxy.log() if e["action"] == "truncate"]
+    assert len(cut) == 1 and cut[0]["status"] == 200 and cut[0]["response_body_bytes"] == 100
+    gcs_proxy.set_rules([])
+
+    bucket = gcs_client.bucket(gcs_bucket)
+    manifest = json.loads(bucket.blob("cut/checkpoint_1/manifest.json").download_as_bytes())
+    got = {}
+    for shard in manifest["shards"]:
+        blob = bucket.get_blob(f"cut/checkpoint_1/{shard['name']}")
+        data = blob.download_as_bytes()
+        assert len(data) == shard["bytes"] == blob.size
+        assert blob.crc32c == crc32c_b64(data)
+        assert f"{google_crc32c.value(data):08x}" == shard["crc32c"]
+        got.update(load(data))
+    assert sorted(got) == sorted(tensors)
+    for name, value in tensors.items():
         assert got[name].tobytes() == value.tobytes(), name
 
 
