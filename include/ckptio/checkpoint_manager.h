@@ -109,8 +109,9 @@ class CheckpointManager {
   // Opens the checkpoint root for writing: a directory path (created if
   // needed) or a file:// URL. Takes the root's writer lock (an error names
   // the lock if another process holds it), removes the debris of saves that
-  // never committed, then allocates staging memory and pre-faults it in the
-  // background.
+  // never committed, then reserves staging memory (an explicit
+  // staging_memory is pre-faulted in the background; "auto" grows with the
+  // saves).
   //
   // Multi-host (options.multihost.process_count > 1): every process opens the
   // same root with its own process_index; each saves its own tensors (names

@@ -25,9 +25,12 @@ differs, and why:
 - ``overwrite=True`` deletes the newer checkpoints before the save rather
   than after its commit (ckptio's pruning would otherwise count them as the
   newest and prune the new one).
-- One ckptio manager (with its staging memory, ``staging_memory`` = 2 GiB by
-  default) stays open per checkpoint directory, so that saves overlap with
-  training; ``configure()`` sets its options (or use $CKPTIO_CONFIG).
+- One ckptio manager stays open per checkpoint directory, so that saves
+  overlap with training. Its staging memory grows to what the saves need
+  (``staging_memory="auto"``): a tiny state costs a few pages, and a state
+  larger than a capped ``staging_memory`` is written straight from its
+  arrays (``save_checkpoint`` then returns once written). ``configure()``
+  sets the managers' options (or use $CKPTIO_CONFIG).
 
 The state is converted with ``flax.serialization.to_state_dict`` (so flax
 dataclasses such as TrainState work) when flax is importable, else with an

@@ -208,3 +208,55 @@ def test_a_jax_trainer_that_rebinds_its_state_after_a_borrowed_save_restores_bit
         """, check=False)
     assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
     assert p.stdout.strip().endswith("ok")
+
+
+def test_three_tiny_flax_saves_to_three_directories_cost_under_64_mib_of_peak_memory(tmp_path, run_python):
+    # Reported: each directory's manager allocated and pre-faulted 2 GiB of
+    # staging: 4.3 GiB peak RSS and 22 s for three 32-byte saves.
+    p = run_python(f"""
+        import numpy as np
+        from ckptio import flax as checkpoints
+
+        def status(key):
+            for line in open("/proc/self/status"):
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+
+        before = status("VmRSS:")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # the peak (VmHWM) starts again from here
+        for i in range(3):
+            checkpoints.save_checkpoint({str(tmp_path)!r} + f"/run{{i}}", {{"x": np.arange(4, dtype=np.float64)}}, 1)
+        checkpoints.wait_until_finished()
+        print((status("VmHWM:") - before) / 2**20)
+        """)
+    peak_mib = float(p.stdout)
+    assert peak_mib < 64, f"peak RSS grew by {peak_mib:.1f} MiB for 96 bytes of state"
+    for i in range(3):
+        assert (tmp_path / f"run{i}" / "checkpoint_1" / "manifest.json").is_file()
+
+
+def test_a_flax_state_larger_than_a_capped_staging_memory_saves_and_warns_once(tmp_path, run_python):
+    # Reported: a 4 GiB state raised ResourceExhaustedError with the default
+    # staging_memory; flax has no such limit. Here 2.5x a 16 MiB cap.
+    p = run_python(f"""
+        import numpy as np
+        from ckptio import flax as checkpoints
+        checkpoints.configure(staging_memory="16MiB", threads=2)
+        rng = np.random.default_rng(3)
+        state = {{"a": rng.standard_normal(10 << 20, dtype=np.float32), "b": np.arange(1000)}}  # 40 MiB
+        ckpt = {str(tmp_path / "ckpt")!r}
+        saved = {{}}
+        for step in (1, 2):
+            saved[step] = state["a"].copy()
+            checkpoints.save_checkpoint(ckpt, state, step, keep=2)
+            state["a"] += 1  # save_checkpoint returned: the state is the trainer's again
+        for step in (1, 2):
+            got = checkpoints.restore_checkpoint(ckpt, None, step=step)
+            assert got["a"].tobytes() == saved[step].tobytes(), step
+            assert got["b"].tobytes() == np.arange(1000).tobytes()
+        print("ok")
+        """)
+    assert p.stdout.strip() == "ok"
+    assert p.stderr.count("more than staging_memory") == 1, p.stderr
+    assert "staging_memory" in p.stderr and "written straight from your buffers" in p.stderr
