@@ -95,6 +95,24 @@ struct VerifyReport {
   size_t shards = 0;
 };
 
+// A tensor as a checkpoint's manifest describes it.
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<uint64_t> shape;
+  uint64_t bytes = 0;
+};
+
+// What CheckpointManager::ReadInOrder calls, on the calling thread: `begin`
+// once, with the step, its user metadata and its tensors in saved order;
+// then `piece` with consecutive byte ranges of those tensors, in that order,
+// covering every byte once (a piece's bytes are valid during the call only).
+// An error from either stops the read and is returned.
+struct OrderedReader {
+  std::function<Status(int64_t step, const std::string& metadata_json, const std::vector<TensorInfo>& tensors)> begin;
+  std::function<Status(size_t tensor, uint64_t offset, std::span<const std::byte> bytes)> piece;
+};
+
 struct ManagerStats {
   uint64_t saves_committed = 0;
   uint64_t saves_failed = 0;
@@ -172,6 +190,17 @@ class CheckpointManager {
   // bounds of the tensor and its shard (the manifest's CRC32C covers whole
   // tensors: Verify() checks every byte). Returns the step read.
   Result<int64_t> RestoreSlices(std::optional<int64_t> step, std::span<const TensorSlice> slices);
+
+  // Reads checkpoint `step` (latest committed if nullopt) from first tensor
+  // to last without holding it in memory: through two buffers of `window`
+  // bytes, reused (one is read while `reader` consumes the other). Every
+  // length, offset and header is checked as Restore does; each tensor's
+  // CRC32C is checked before its last piece is handed over, so a consumer
+  // that commits its output only at the end never commits bad bytes.
+  // Returns the step read. (How `ckptio export` writes a 4 GiB checkpoint as
+  // one file with 128 MiB of memory.)
+  Result<int64_t> ReadInOrder(std::optional<int64_t> step, const OrderedReader& reader,
+                              uint64_t window = uint64_t{64} << 20);
 
   // Committed steps, ascending: exact for a writer; for a read-only manager,
   // as of the last listing (Open or Refresh).

@@ -22,37 +22,56 @@ namespace fs = std::filesystem;
 
 constexpr size_t kHeaderAlign = 8;
 
-// The safetensors prefix (length + header) for `tensors` laid out in order.
-std::string BuildPrefix(const RestoredCheckpoint& ckpt) {
+// The safetensors prefix (length + header) of `tensors` laid out in order.
+std::string BuildPrefix(const std::vector<TensorInfo>& tensors, const std::string& metadata_json) {
   std::vector<format::TensorEntry> entries;
-  entries.reserve(ckpt.tensors.size());
+  entries.reserve(tensors.size());
   uint64_t offset = 0;
-  for (const Tensor& t : ckpt.tensors) {
-    entries.push_back({t.name, t.dtype, t.shape, offset, offset + t.bytes.size()});
-    offset += t.bytes.size();
+  for (const TensorInfo& t : tensors) {
+    entries.push_back({t.name, t.dtype, t.shape, offset, offset + t.bytes});
+    offset += t.bytes;
   }
-  return format::BuildSafetensorsPrefix(entries, SafetensorsMetadata(ckpt.metadata_json), kHeaderAlign);
+  return format::BuildSafetensorsPrefix(entries, SafetensorsMetadata(metadata_json), kHeaderAlign);
 }
 
-Result<RestoredCheckpoint> Read(CheckpointManager& manager, std::optional<int64_t> step) {
-  ProgressBar bar(step ? "read step " + std::to_string(*step) : std::string("read latest step"));
-  auto ckpt = manager.Restore(step, bar.AsProgressFn());
-  bar.Finish();
-  return ckpt;
-}
+// Streams step `step` of `manager` into `out`: the checkpoint is read in
+// saved order through two reused 64 MiB windows while the output is written,
+// never held in memory whole. The output is renamed into place only once
+// every tensor's CRC32C has been checked.
+struct Exported {
+  int64_t step = 0;
+  size_t tensors = 0;
+  uint64_t bytes = 0;
+};
 
-Status Write(const RestoredCheckpoint& ckpt, const std::string& out, uint64_t* bytes) {
-  const std::string prefix = BuildPrefix(ckpt);
-  std::vector<std::span<const std::byte>> pieces;
-  pieces.reserve(ckpt.tensors.size() + 1);
-  pieces.push_back(std::as_bytes(std::span(prefix)));
-  for (const Tensor& t : ckpt.tensors) pieces.emplace_back(t.bytes);
-  *bytes = 0;
-  for (const auto& p : pieces) *bytes += p.size();
-  ProgressBar bar("write " + out);
-  Status s = WriteFileAtomically(out, pieces, [&bar](uint64_t done, uint64_t total) { bar.Update(done, total); });
+Result<Exported> StreamTo(CheckpointManager& manager, std::optional<int64_t> step, const std::string& out) {
+  std::optional<AtomicFile> file;
+  Exported done;
+  uint64_t total = 0;
+  ProgressBar bar("export " + (step ? "step " + std::to_string(*step) : std::string("latest step")) + " to " + out);
+  OrderedReader reader;
+  reader.begin = [&](int64_t s, const std::string& metadata_json, const std::vector<TensorInfo>& tensors) -> Status {
+    const std::string prefix = BuildPrefix(tensors, metadata_json);
+    total = prefix.size();
+    for (const TensorInfo& t : tensors) total += t.bytes;
+    ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(out));
+    file.emplace(std::move(f));
+    done.step = s;
+    done.tensors = tensors.size();
+    return file->Append(std::as_bytes(std::span(prefix)));
+  };
+  reader.piece = [&](size_t, uint64_t, std::span<const std::byte> bytes) -> Status {
+    RETURN_IF_ERROR(file->Append(bytes));
+    bar.Update(file->size(), total);
+    return Status::Ok();
+  };
+  Result<int64_t> read = manager.ReadInOrder(step, reader);
   bar.Finish();
-  return s;
+  RETURN_IF_ERROR(read.status());
+  done.bytes = file->size();
+  Status committed = file->Commit();
+  if (!committed.ok()) return std::move(committed).WithContext("cannot export step " + std::to_string(done.step));
+  return done;
 }
 
 // The export must not land inside the checkpoint root: it would overwrite
@@ -78,13 +97,10 @@ Status Export(const Args& args) {
   ASSIGN_OR_RETURN(auto manager, OpenRootForReading(args));
   RETURN_IF_ERROR(CheckOutsideRoot(out, *manager));
   const Clock::time_point start = Clock::now();
-  ASSIGN_OR_RETURN(RestoredCheckpoint ckpt, Read(*manager, step));
-  uint64_t bytes = 0;
-  Status written = Write(ckpt, out, &bytes);
-  if (!written.ok()) return std::move(written).WithContext("cannot export step " + std::to_string(ckpt.step));
+  ASSIGN_OR_RETURN(Exported done, StreamTo(*manager, step, out));
   const double secs = SecondsSince(start);
-  std::printf("exported step %lld to %s: %zu tensors, %s in %s\n", static_cast<long long>(ckpt.step), out.c_str(),
-              ckpt.tensors.size(), HumanBytes(bytes).c_str(), HumanSeconds(secs).c_str());
+  std::printf("exported step %lld to %s: %zu tensors, %s in %s\n", static_cast<long long>(done.step), out.c_str(),
+              done.tensors, HumanBytes(done.bytes).c_str(), HumanSeconds(secs).c_str());
   return Status::Ok();
 }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <utility>
@@ -172,6 +173,91 @@ void MappedFile::Unmap() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
   data_ = nullptr;
   size_ = 0;
+}
+
+constexpr size_t kDirectBuffer = size_t{8} << 20;
+constexpr size_t kDirectAlign = 4096;
+
+Result<AtomicFile> AtomicFile::Create(const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+  const bool direct = fd >= 0;
+  if (!direct && errno == EINVAL) fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, "create", tmp);
+  AtomicFile file(path, fd);
+  if (direct) {
+    void* p = nullptr;
+    if (::posix_memalign(&p, kDirectAlign, kDirectBuffer) != 0) return ResourceExhaustedError("cannot allocate " + std::to_string(kDirectBuffer) + " bytes to write " + tmp);
+    file.buffer_ = static_cast<std::byte*>(p);
+  }
+  return file;
+}
+
+AtomicFile::AtomicFile(AtomicFile&& other) noexcept
+    : path_(std::move(other.path_)), tmp_(std::move(other.tmp_)), fd_(std::exchange(other.fd_, -1)),
+      size_(other.size_), buffer_(std::exchange(other.buffer_, nullptr)), buffered_(other.buffered_),
+      written_(other.written_) {}
+
+AtomicFile::~AtomicFile() {
+  std::free(buffer_);
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(tmp_.c_str());  // best effort; the error that stopped the write is the one reported
+}
+
+Status AtomicFile::Flush(size_t len) {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = ::pwrite(fd_, buffer_ + done, len - done, static_cast<off_t>(written_ + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, "write", tmp_);
+    done += static_cast<size_t>(n);
+  }
+  written_ += len;
+  return Status::Ok();
+}
+
+Status AtomicFile::Append(std::span<const std::byte> bytes) {
+  size_ += bytes.size();
+  if (buffer_ == nullptr) {
+    uint64_t done = 0;
+    return WriteAll(fd_, tmp_, bytes, &done, bytes.size(), {});
+  }
+  while (!bytes.empty()) {
+    const size_t n = std::min(bytes.size(), kDirectBuffer - buffered_);
+    std::memcpy(buffer_ + buffered_, bytes.data(), n);
+    buffered_ += n;
+    bytes = bytes.subspan(n);
+    if (buffered_ == kDirectBuffer) {
+      RETURN_IF_ERROR(Flush(kDirectBuffer));
+      buffered_ = 0;
+    }
+  }
+  return Status::Ok();
+}
+
+Status AtomicFile::Commit() {
+  if (buffer_ != nullptr && buffered_ > 0) {
+    // The last block goes out padded; the file is cut back to its size.
+    const size_t padded = (buffered_ + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    std::memset(buffer_ + buffered_, 0, padded - buffered_);
+    RETURN_IF_ERROR(Flush(padded));
+    buffered_ = 0;
+    if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0) return ErrnoToStatus(errno, "truncate", tmp_);
+  }
+  if (::fsync(fd_) != 0) return ErrnoToStatus(errno, "fsync", tmp_);
+  const int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) {
+    ::unlink(tmp_.c_str());
+    return ErrnoToStatus(errno, "close", tmp_);
+  }
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    Status s = ErrnoToStatus(errno, "rename " + tmp_ + " to", path_);
+    ::unlink(tmp_.c_str());
+    return s;
+  }
+  // The rename is durable only once the directory is.
+  return FsyncDirectory(DirectoryOf(path_));
 }
 
 Status WriteFileAtomically(const std::string& path, std::span<const std::span<const std::byte>> pieces,

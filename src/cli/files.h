@@ -48,6 +48,44 @@ class MappedFile {
   int slot_ = -1;  // in the SIGBUS handler's table of mappings
 };
 
+// A file written in pieces, durably and atomically: into path + ".tmp",
+// then Commit() fsyncs it, renames it over `path` and fsyncs the directory.
+// Destroyed without Commit() (an error on the way), the tmp file is removed
+// and `path` is left as it was. Move-only.
+//
+// The bytes go out with O_DIRECT in 8 MiB blocks through one aligned buffer
+// (the last block padded, then the file cut to size), where the file system
+// allows it, else through the page cache: on this VM buffered writes of a
+// 4 GiB file ran at 0.3 GB/s (fio, fsync at the end), O_DIRECT at 1.5 GB/s.
+class AtomicFile {
+ public:
+  static Result<AtomicFile> Create(const std::string& path);
+  AtomicFile(AtomicFile&& other) noexcept;
+  AtomicFile& operator=(AtomicFile&&) = delete;
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile();
+
+  Status Append(std::span<const std::byte> bytes);
+  Status Commit();
+  uint64_t size() const { return size_; }
+  bool direct() const { return buffer_ != nullptr; }
+
+ private:
+  AtomicFile(std::string path, int fd) : path_(std::move(path)), tmp_(path_ + ".tmp"), fd_(fd) {}
+  // Writes the buffer's first `len` bytes (a multiple of the block size) at written_.
+  Status Flush(size_t len);
+
+  std::string path_;
+  std::string tmp_;
+  int fd_ = -1;  // -1 once committed or moved from
+  uint64_t size_ = 0;
+  // O_DIRECT: bytes are gathered here, written in whole blocks.
+  std::byte* buffer_ = nullptr;
+  size_t buffered_ = 0;
+  uint64_t written_ = 0;
+};
+
 // Called with (bytes written so far, total bytes).
 using WriteProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 

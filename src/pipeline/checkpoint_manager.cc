@@ -87,6 +87,11 @@ Result<SaveHandle> CheckpointManager::Save(int64_t step, std::span<const TensorR
   return impl_->Save(step, tensors, std::move(metadata_json), nullptr);
 }
 
+Result<int64_t> CheckpointManager::ReadInOrder(std::optional<int64_t> step, const OrderedReader& reader,
+                                               uint64_t window) {
+  return impl_->ReadInOrder(step, reader, window);
+}
+
 Result<SaveHandle> CheckpointManager::Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
                                            std::shared_ptr<const void> keep_alive) {
   return impl_->Save(step, tensors, std::move(metadata_json), std::move(keep_alive));

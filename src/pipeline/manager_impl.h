@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "ckptio/checkpoint_manager.h"
+#include "pipeline/reader.h"
 #include "pipeline/save_plan.h"
 #include "pipeline/sigterm.h"
 #include "pipeline/staging.h"
@@ -90,6 +92,7 @@ class ManagerImpl {
   Result<RestoredCheckpoint> Restore(std::optional<int64_t> step, ProgressFn progress);
   Result<int64_t> RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors);
   Result<int64_t> RestoreSlices(std::optional<int64_t> step, std::span<const TensorSlice> slices);
+  Result<int64_t> ReadInOrder(std::optional<int64_t> step, const OrderedReader& reader, uint64_t window);
   std::vector<int64_t> AllSteps() const;
   std::optional<int64_t> LatestStep() const;
   Result<CheckpointInfo> Info(int64_t step);
@@ -155,6 +158,12 @@ class ManagerImpl {
   Task<Status> RestoreSlicesTask(int64_t step, std::span<const TensorSlice> slices);
   Task<Result<VerifyReport>> VerifyTask(int64_t step, const ProgressFn* progress);
   Task<Result<format::Manifest>> ReadManifest(int64_t step);
+  // ---- read_in_order.cc ----
+  struct WindowRead;
+  Status ReadInOrderPinned(int64_t step, const OrderedReader& reader, uint64_t window);
+  std::future<Status> StartWindow(OpenedCheckpoint* ckpt, WindowRead* w);
+  Task<void> RunWindow(OpenedCheckpoint* ckpt, WindowRead* w);
+  Task<void> CloseCheckpoint(OpenedCheckpoint c);
   Task<Status> DeleteTask(int64_t step);
   Task<Status> LockTask();
   Task<void> CloseStorage();

@@ -177,6 +177,21 @@ Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const st
   co_return Status::Ok();
 }
 
+Task<Status> ReadTensorPieces(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<TensorPieceRead>* reads,
+                              std::vector<uint32_t>* crcs) {
+  std::vector<Piece> pieces;
+  pieces.reserve(reads->size());
+  for (const TensorPieceRead& r : *reads) {
+    const format::ManifestTensor& t = ckpt->manifest.tensors[r.tensor];
+    pieces.push_back({t.shard, t.offset + r.offset, r.len, r.dst, static_cast<int64_t>(r.tensor)});
+  }
+  co_return co_await ReadPieces(pool, ckpt, &pieces, crcs, nullptr);
+}
+
+Status TensorCrcMismatch(const OpenedCheckpoint& ckpt, size_t tensor, uint32_t got) {
+  return CrcMismatch(ckpt, ckpt.manifest.tensors[tensor], got);
+}
+
 Task<Result<uint64_t>> VerifyAll(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const ProgressFn* progress) {
   const format::Manifest& m = ckpt->manifest;
   // Tensors of each shard in offset order, so pieces cover each file in order.

@@ -55,6 +55,25 @@ struct RangeRead {
 Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<RangeRead>& reads,
                         const ProgressFn* progress = nullptr);
 
+// A byte range of a tensor's data (index into manifest.tensors), read into
+// dst by ReadTensorPieces.
+struct TensorPieceRead {
+  size_t tensor;
+  uint64_t offset;  // into the tensor's data
+  size_t len;
+  char* dst;
+};
+
+// Reads the pieces (in parallel) and sets (*crcs)[i] to the CRC32C of piece
+// i, for a caller that checks whole tensors piece by piece. REQUIRES: each
+// piece within its tensor; *reads outlives the task.
+Task<Status> ReadTensorPieces(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<TensorPieceRead>* reads,
+                              std::vector<uint32_t>* crcs);
+
+// The error for a tensor whose bytes have CRC32C `got` instead of the
+// manifest's.
+Status TensorCrcMismatch(const OpenedCheckpoint& ckpt, size_t tensor, uint32_t got);
+
 // Re-reads every byte of every shard; checks every tensor's and every shard's
 // CRC32C. Returns the bytes read.
 Task<Result<uint64_t>> VerifyAll(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const ProgressFn* progress);

@@ -613,5 +613,71 @@ TEST_CASE("without trace.path no trace file is written") {
   for (const auto& e : fs::directory_iterator(dir.path())) CHECK(e.path().filename() == "ckpt");
 }
 
+TEST_CASE("ReadInOrder hands every tensor byte over once, in saved order, through windows smaller than a tensor") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  std::vector<OwnedTensor> ts = {MakeTensor("big", DType::kU8, {3 << 20}, 1), MakeTensor("one", DType::kU8, {1}, 1),
+                                 MakeTensor("none", DType::kF32, {0, 4}, 1), MakeTensor("mid", DType::kF32, {300'001}, 1)};
+  auto refs = Refs(ts);
+  REQUIRE(m->Save(1, refs, R"({"k": "v"})")->Wait().ok());
+  std::vector<TensorInfo> infos;
+  std::vector<Bytes> got(ts.size());
+  size_t largest_piece = 0;
+  std::vector<size_t> order;
+  OrderedReader reader;
+  reader.begin = [&](int64_t step, const std::string& metadata, const std::vector<TensorInfo>& tensors) {
+    CHECK(step == 1);
+    CHECK(metadata == R"({"k":"v"})");
+    infos = tensors;
+    return Status::Ok();
+  };
+  reader.piece = [&](size_t t, uint64_t offset, std::span<const std::byte> bytes) {
+    CHECK(offset == got[t].size());  // consecutive within the tensor
+    if (order.empty() || order.back() != t) order.push_back(t);
+    got[t].insert(got[t].end(), bytes.begin(), bytes.end());
+    largest_piece = std::max(largest_piece, bytes.size());
+    return Status::Ok();
+  };
+  auto step = m->ReadInOrder(std::nullopt, reader, 1 << 20);
+  REQUIRE_MESSAGE(step.ok(), step.status().ToString());
+  CHECK(*step == 1);
+  REQUIRE(infos.size() == ts.size());
+  for (size_t i = 0; i < ts.size(); ++i) {
+    CHECK(infos[i].name == ts[i].name);
+    CHECK(infos[i].shape == ts[i].shape);
+    CHECK(infos[i].bytes == ts[i].bytes.size());
+    CHECK(got[i] == ts[i].bytes);
+  }
+  CHECK(order == std::vector<size_t>{0, 1, 3});  // saved order; the empty tensor has no piece
+  CHECK(largest_piece <= (1u << 20));
+}
+
+TEST_CASE("ReadInOrder checks a tensor's CRC32C before handing over its last piece") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  std::vector<OwnedTensor> ts = {MakeTensor("w", DType::kU8, {3 << 20}, 2)};
+  auto refs = Refs(ts);
+  REQUIRE(m->Save(2, refs)->Wait().ok());
+  {  // flip the tensor's last byte on disk
+    std::fstream f(dir / "checkpoint_2/shard-00000.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const auto end = f.tellg();
+    f.seekg(end - std::streamoff(1));
+    char c = static_cast<char>(f.get());
+    f.seekp(end - std::streamoff(1));
+    f.put(static_cast<char>(~c));
+  }
+  uint64_t handed = 0;
+  OrderedReader reader;
+  reader.piece = [&](size_t, uint64_t, std::span<const std::byte> bytes) {
+    handed += bytes.size();
+    return Status::Ok();
+  };
+  auto step = m->ReadInOrder(2, reader, 1 << 20);
+  CHECK(step.status().code() == StatusCode::kCorruption);
+  CHECK(step.status().message().find("CRC32C mismatch") != std::string::npos);
+  CHECK(handed < ts[0].bytes.size());  // the piece with the bad byte never went out
+}
+
 }  // namespace
 }  // namespace ckptio
