@@ -135,6 +135,9 @@ bench: build venv venv-bench
 	step $(BUILD)/bench/checkpoint_bench --sizes-gib 1 --saves 3 > bench/results/checkpoint.md; \
 	step $(BUILD)/bench/micro > bench/results/micro.md; \
 	step $(BUILD)/bench/upload_bench --quick > bench/results/upload-quick.md; \
+	step $(PYTHON) bench/first_save_bench.py --python-path $(BUILD)/python > bench/results/first_save.md; \
+	step $(PYTHON) bench/export_bench.py --ckptio $(BUILD)/src/cli/ckptio --python-path $(BUILD)/python \
+	  > bench/results/export.md; \
 	CKPTIO=$(BUILD)/src/cli/ckptio step bench/seed_experiment --only local --saves 10 --out bench/results; \
 	CKPTIO=$(BUILD)/src/cli/ckptio step bench/seed_experiment --only gcs --modes blocking,ckptio,ckptio-borrow --saves 6 \
 	  --out bench/results; \
