@@ -26,12 +26,25 @@ def _flatten_options(options, prefix=""):
     return flat
 
 
+_MAX_STEP = 2**63 - 1  # steps are signed 64-bit integers on disk and in C++
+
+
 def _check_step(step):
     if isinstance(step, bool) or not isinstance(step, numbers.Integral):
         raise TypeError(f"step must be an integer, got {type(step).__name__} {step!r}")
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
+    if step > _MAX_STEP:
+        raise ValueError(f"step must be at most 2**63 - 1 (a signed 64-bit integer), got {step}")
     return int(step)
+
+
+def _metadata_json(meta):
+    try:
+        return json.dumps(meta, separators=(",", ":"), allow_nan=False)
+    except ValueError as e:  # NaN or infinity: JSON has no spelling for them
+        raise ValueError(f"metadata cannot be stored as JSON: {e} (NaN and infinity are not JSON; "
+                         "store them as strings, e.g. \"nan\")") from None
 
 
 class CheckpointManager:
@@ -97,7 +110,7 @@ class CheckpointManager:
         meta = {_tree.TREE_KEY: description}
         if metadata is not None:
             meta[_tree.USER_KEY] = metadata
-        handle = self._m.save(step, names, dtypes, arrays, json.dumps(meta, separators=(",", ":")))
+        handle = self._m.save(step, names, dtypes, arrays, _metadata_json(meta))
         with self._handles_lock:
             self._handles = [h for h in self._handles if not h.done()] + [handle]
         return handle

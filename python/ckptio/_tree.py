@@ -36,7 +36,22 @@ def _is_namedtuple(x):
 
 
 def _name(path):
-    return "/".join(path) if path else ROOT_NAME
+    name = "/".join(path) if path else ROOT_NAME
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = next((p for p in path if not _encodable(p)), name)
+        raise ValueError(f"cannot save the leaf at {name!r}: the key {bad!r} is not valid Unicode "
+                         f"({e.reason} at position {e.start}); tensor names are stored as UTF-8") from None
+    return name
+
+
+def _encodable(text):
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _is_torch_tensor(x):

@@ -147,6 +147,8 @@ def _int_step(step):
             raise TypeError(f"step must be an integer, got {type(step).__name__} {step!r}") from None
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
+    if step > 2**63 - 1:
+        raise ValueError(f"step must be at most 2**63 - 1 (a signed 64-bit integer), got {step}")
     return step
 
 

@@ -260,3 +260,35 @@ def test_a_flax_state_larger_than_a_capped_staging_memory_saves_and_warns_once(t
     assert p.stdout.strip() == "ok"
     assert p.stderr.count("more than staging_memory") == 1, p.stderr
     assert "staging_memory" in p.stderr and "written straight from your buffers" in p.stderr
+
+
+def test_a_key_with_a_lone_surrogate_is_a_value_error_naming_the_key(tmp_path, small):
+    with ckptio.CheckpointManager(str(tmp_path / "c"), **small) as mgr:
+        with pytest.raises(ValueError, match=r"key '\\ud800' is not valid Unicode"):
+            mgr.save(1, {"params": {"\ud800": np.arange(3)}})
+        assert mgr.all_steps() == []
+
+
+@pytest.mark.parametrize("step", [2**63, 2**64 + 5])
+def test_a_step_beyond_int64_is_a_value_error_saying_the_bound(tmp_path, small, step):
+    with ckptio.CheckpointManager(str(tmp_path / "c"), **small) as mgr:
+        for call in (lambda: mgr.save(step, {"a": np.arange(3)}), lambda: mgr.restore(step),
+                     lambda: mgr.delete(step), lambda: mgr.verify(step)):
+            with pytest.raises(ValueError, match=r"step must be at most 2\*\*63 - 1"):
+                call()
+
+
+def test_a_flax_step_beyond_int64_is_a_value_error(tmp_path, flax_ckpt):
+    with pytest.raises(ValueError, match=r"at most 2\*\*63 - 1"):
+        flax_ckpt.save_checkpoint(str(tmp_path / "c"), {"a": np.arange(3)}, 2**63)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_nan_or_infinity_in_metadata_is_a_value_error_saying_so(tmp_path, small, value):
+    with ckptio.CheckpointManager(str(tmp_path / "c"), **small) as mgr:
+        with pytest.raises(ValueError, match="NaN and infinity are not JSON"):
+            mgr.save(1, {"a": np.arange(3)}, metadata={"loss": value})
+        assert mgr.all_steps() == []
+        mgr.save(1, {"a": np.arange(3)}, metadata={"loss": str(value)})  # the suggested spelling works
+        mgr.wait_until_finished()
+        assert mgr.metadata(1) == {"loss": str(value)}
