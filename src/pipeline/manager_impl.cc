@@ -27,6 +27,24 @@ namespace {
 constexpr size_t kCopyChunk = size_t{1} << 20;
 constexpr size_t kCrcChunk = size_t{8} << 20;
 
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The bound of "auto" staging: saves may take up to half the machine's
+// memory before they are written straight from the caller's buffers.
+uint64_t HalfOfMemory() {
+  const uint64_t memory = PhysicalMemory();
+  return memory == 0 ? uint64_t{2} << 30 : memory / 2;
+}
+
+}  // namespace
+
+uint64_t PhysicalMemory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+}
+
 std::string FormatBytes(uint64_t n) {
   char buf[64];
   if (n >= (uint64_t{1} << 40)) {
@@ -38,44 +56,6 @@ std::string FormatBytes(uint64_t n) {
   }
   return buf;
 }
-
-double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-uint64_t PhysicalMemory() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long page_size = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page_size <= 0) return 0;
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
-}
-
-// The bound of "auto" staging: saves may take up to half the machine's
-// memory before they are written straight from the caller's buffers.
-uint64_t HalfOfMemory() {
-  const uint64_t memory = PhysicalMemory();
-  return memory == 0 ? uint64_t{2} << 30 : memory / 2;
-}
-
-// A restore into memory of a checkpoint larger than the machine's memory
-// (a manifest can declare any size; its shard may be a sparse file) fails
-// up front, naming the largest tensor, instead of in the allocator.
-Status CheckFitsInMemory(const format::Manifest& m, const std::string& path) {
-  const uint64_t memory = PhysicalMemory();
-  if (memory == 0 || m.tensors.empty()) return Status::Ok();
-  uint64_t total = 0;
-  const format::ManifestTensor* largest = &m.tensors[0];
-  for (const format::ManifestTensor& t : m.tensors) {
-    total += t.bytes;
-    if (t.bytes > largest->bytes) largest = &t;
-  }
-  if (total <= memory) return Status::Ok();
-  return ResourceExhaustedError(path + ": restoring it needs " + FormatBytes(total) + " of memory (tensor \"" +
-                                largest->name + "\" alone is " + FormatBytes(largest->bytes) +
-                                "), more than this machine has (" + FormatBytes(memory) +
-                                "): restore the tensors you need into your own buffers, or slices of them "
-                                "(RestoreInto, RestoreSlices)");
-}
-
-}  // namespace
 
 void SaveState::MarkReleased() {
   {
@@ -474,6 +454,7 @@ Task<Status> ManagerImpl::Persist(SaveJob* job) {
 
 Task<Status> ManagerImpl::PruneNow() {
   co_await prune_lock_.Acquire();
+  runtime::AsyncSemaphore::Held held(&prune_lock_);
   runtime::ScopedSpan span(tracer_.get(), runtime::Track::kPrune, "prune");
   std::vector<int64_t> doomed;
   {
@@ -495,7 +476,6 @@ Task<Status> ManagerImpl::PruneNow() {
       first = std::move(s).WithContext("cannot prune step " + std::to_string(step) + " in " + root_);
     }
   }
-  prune_lock_.Release();
   co_return first;
 }
 
@@ -513,232 +493,6 @@ Status ManagerImpl::TakePendingErrors() {
   std::string message = std::to_string(errors.size()) + " background saves failed: ";
   for (size_t i = 0; i < errors.size(); ++i) message += (i > 0 ? "; " : "") + errors[i].message();
   return Status(errors[0].code(), std::move(message));
-}
-
-Result<int64_t> ManagerImpl::PinStep(std::optional<int64_t> step) {
-  std::lock_guard lock(mu_);
-  if (!step) {
-    if (committed_.empty()) return NotFoundError("no committed checkpoint in " + root_);
-    step = *committed_.rbegin();
-  } else if (committed_.count(*step) == 0) {
-    return NotFoundError("no committed checkpoint of step " + std::to_string(*step) + " in " + root_);
-  }
-  readers_.insert(*step);
-  return *step;
-}
-
-void ManagerImpl::Unpin(int64_t step) {
-  std::lock_guard lock(mu_);
-  readers_.erase(readers_.find(step));
-}
-
-Task<Result<RestoredCheckpoint>> ManagerImpl::RestoreTask(int64_t step, const ProgressFn* progress) {
-  runtime::ScopedSpan span(tracer_.get(), runtime::Track::kRead, "restore " + std::to_string(step));
-  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenCheckpoint(storage_.get(), StepName(step)));
-  if (c.manifest.step != step) {
-    co_return CorruptionError(c.path + "/manifest.json: says step " + std::to_string(c.manifest.step) +
-                              ", but the directory is step " + std::to_string(step));
-  }
-  CO_TRY(CheckFitsInMemory(c.manifest, c.path));
-  RestoredCheckpoint out;
-  out.step = step;
-  out.metadata_json = c.manifest.metadata.dump();
-  std::vector<size_t> indices;
-  std::vector<char*> dsts;
-  out.tensors.reserve(c.manifest.tensors.size());
-  for (size_t i = 0; i < c.manifest.tensors.size(); ++i) {
-    const format::ManifestTensor& t = c.manifest.tensors[i];
-    Bytes bytes;
-    try {
-      bytes = Bytes(t.bytes);
-    } catch (const std::bad_alloc&) {
-      co_return ResourceExhaustedError(c.path + ": cannot allocate " + FormatBytes(t.bytes) + " for tensor \"" +
-                                       t.name + "\"");
-    }
-    out.tensors.push_back({t.name, t.dtype, t.shape, std::move(bytes)});
-    indices.push_back(i);
-    dsts.push_back(reinterpret_cast<char*>(out.tensors.back().bytes.data()));
-  }
-  CO_TRY(co_await ReadTensors(pool_.get(), &c, std::move(indices), std::move(dsts), progress));
-  co_return std::move(out);
-}
-
-Result<RestoredCheckpoint> ManagerImpl::Restore(std::optional<int64_t> step, ProgressFn progress) {
-  ASSIGN_OR_RETURN(int64_t s, PinStep(step));
-  auto r = loop().BlockOn(RestoreTask(s, &progress));
-  Unpin(s);
-  if (!r.ok()) return ExplainReadFailure(s, std::move(r).status());
-  return r;
-}
-
-namespace {
-
-// Opens only the shards that hold the named tensors (a restore on many
-// processes must not make each open every process's shards).
-template <typename Wanted>
-ShardFilter ShardsHolding(std::span<const Wanted> wanted) {
-  return [wanted](const format::Manifest& m) {
-    std::set<std::string_view> names;
-    for (const Wanted& w : wanted) names.insert(w.name);
-    std::vector<bool> open(m.shards.size(), false);
-    for (const format::ManifestTensor& t : m.tensors) {
-      if (names.count(t.name) != 0) open[t.shard] = true;
-    }
-    return open;
-  };
-}
-
-// The tensors of an opened checkpoint by name, for restores that name them.
-class TensorsByName {
- public:
-  TensorsByName(const format::Manifest& m, int64_t step, const std::string& root) : step_(step), root_(root) {
-    for (size_t i = 0; i < m.tensors.size(); ++i) index_[m.tensors[i].name] = i;
-  }
-  Result<size_t> Find(const std::string& name) const {
-    auto it = index_.find(name);
-    if (it == index_.end()) {
-      return NotFoundError("step " + std::to_string(step_) + " in " + root_ + " has no tensor \"" + name + "\"");
-    }
-    return it->second;
-  }
-
- private:
-  std::map<std::string_view, size_t> index_;
-  int64_t step_;
-  const std::string& root_;
-};
-
-}  // namespace
-
-Task<Status> ManagerImpl::RestoreIntoTask(int64_t step, std::span<const MutableTensorRef> tensors) {
-  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c,
-                      co_await OpenCheckpoint(storage_.get(), StepName(step), ShardsHolding(tensors)));
-  const TensorsByName by_name(c.manifest, step, root_);
-  std::vector<RangeRead> reads;
-  for (const MutableTensorRef& want : tensors) {
-    CO_ASSIGN_OR_RETURN(size_t index, by_name.Find(want.name));
-    const format::ManifestTensor& t = c.manifest.tensors[index];
-    if (t.dtype != want.dtype || t.shape != want.shape) {
-      co_return InvalidArgumentError("tensor \"" + want.name + "\": the buffer is " +
-                                     std::string(format::DTypeName(want.dtype)) + format::ShapeToString(want.shape) +
-                                     " but step " + std::to_string(step) + " holds " +
-                                     std::string(format::DTypeName(t.dtype)) + format::ShapeToString(t.shape));
-    }
-    if (t.bytes > 0 && want.data == nullptr) {
-      co_return InvalidArgumentError("tensor \"" + want.name + "\": destination buffer is null");
-    }
-    reads.push_back({index, 0, t.bytes, static_cast<char*>(want.data)});  // whole: CRC-checked
-  }
-  co_return co_await ReadRanges(pool_.get(), &c, reads);
-}
-
-Task<Status> ManagerImpl::RestoreSlicesTask(int64_t step, std::span<const TensorSlice> slices) {
-  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c,
-                      co_await OpenCheckpoint(storage_.get(), StepName(step), ShardsHolding(slices)));
-  const TensorsByName by_name(c.manifest, step, root_);
-  std::vector<RangeRead> reads;
-  for (const TensorSlice& want : slices) {
-    CO_ASSIGN_OR_RETURN(size_t index, by_name.Find(want.name));
-    const format::ManifestTensor& t = c.manifest.tensors[index];
-    if (want.offset > t.bytes || want.length > t.bytes - want.offset) {  // no overflow: offset <= bytes first
-      co_return InvalidArgumentError("tensor \"" + want.name + "\" has " + std::to_string(t.bytes) +
-                                     " bytes: the slice of " + std::to_string(want.length) + " bytes at offset " +
-                                     std::to_string(want.offset) + " is out of range");
-    }
-    if (want.length > 0 && want.data == nullptr) {
-      co_return InvalidArgumentError("tensor \"" + want.name + "\": destination buffer is null");
-    }
-    reads.push_back({index, want.offset, want.length, static_cast<char*>(want.data)});
-  }
-  co_return co_await ReadRanges(pool_.get(), &c, reads);
-}
-
-Result<int64_t> ManagerImpl::RestoreSlices(std::optional<int64_t> step, std::span<const TensorSlice> slices) {
-  ASSIGN_OR_RETURN(int64_t s, PinStep(step));
-  Status st = loop().BlockOn(RestoreSlicesTask(s, slices));
-  Unpin(s);
-  RETURN_IF_ERROR(ExplainReadFailure(s, std::move(st)));
-  return s;
-}
-
-Result<int64_t> ManagerImpl::RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors) {
-  ASSIGN_OR_RETURN(int64_t s, PinStep(step));
-  Status st = loop().BlockOn(RestoreIntoTask(s, tensors));
-  Unpin(s);
-  RETURN_IF_ERROR(ExplainReadFailure(s, std::move(st)));
-  return s;
-}
-
-std::vector<int64_t> ManagerImpl::AllSteps() const {
-  std::lock_guard lock(mu_);
-  return {committed_.begin(), committed_.end()};
-}
-
-std::optional<int64_t> ManagerImpl::LatestStep() const {
-  std::vector<int64_t> all = AllSteps();
-  if (all.empty()) return std::nullopt;
-  return all.back();
-}
-
-Task<Result<format::Manifest>> ManagerImpl::ReadManifest(int64_t step) {
-  const std::string path = root_ + "/" + StepName(step) + "/manifest.json";
-  CO_ASSIGN_OR_RETURN(std::string bytes,
-                      co_await storage_->ReadSmallFile(StepName(step), "manifest.json", format::kMaxManifestBytes));
-  CO_ASSIGN_OR_RETURN(format::Manifest m, format::ParseManifest(path, bytes));
-  if (m.step != step) {
-    co_return CorruptionError(path + ": says step " + std::to_string(m.step) + ", but the directory is step " +
-                              std::to_string(step));
-  }
-  co_return std::move(m);
-}
-
-Status ManagerImpl::ExplainReadFailure(int64_t step, Status failure) {
-  if (failure.ok()) return failure;
-  // Only a read-only manager can see a step vanish: a writer's own prunes
-  // wait for its readers (PinStep), and no one else prunes its root.
-  if (read_only_ && loop().BlockOn(Refresh(/*remove_debris=*/false)).ok()) {
-    std::lock_guard lock(mu_);
-    if (committed_.count(step) == 0) {
-      return NotFoundError("step " + std::to_string(step) + " in " + root_ +
-                           " was removed (pruned or deleted) while it was being read");
-    }
-  }
-  return failure;
-}
-
-Result<CheckpointInfo> ManagerImpl::Info(int64_t step) {
-  ASSIGN_OR_RETURN(int64_t s, PinStep(step));
-  auto read = loop().BlockOn(ReadManifest(s));
-  Unpin(s);
-  if (!read.ok()) return ExplainReadFailure(s, std::move(read).status());
-  format::Manifest m = std::move(read).value();
-  CheckpointInfo info;
-  info.step = m.step;
-  info.created = m.created;
-  for (const auto& s : m.shards) info.bytes += s.bytes;
-  info.tensors = m.tensors.size();
-  info.shards = m.shards.size();
-  info.metadata_json = m.metadata.dump();
-  return info;
-}
-
-Task<Result<VerifyReport>> ManagerImpl::VerifyTask(int64_t step, const ProgressFn* progress) {
-  runtime::ScopedSpan span(tracer_.get(), runtime::Track::kRead, "verify " + std::to_string(step));
-  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenCheckpoint(storage_.get(), StepName(step)));
-  if (c.manifest.step != step) {
-    co_return CorruptionError(c.path + "/manifest.json: says step " + std::to_string(c.manifest.step) +
-                              ", but the directory is step " + std::to_string(step));
-  }
-  CO_ASSIGN_OR_RETURN(uint64_t bytes, co_await VerifyAll(pool_.get(), &c, progress));
-  co_return VerifyReport{step, bytes, c.manifest.tensors.size(), c.manifest.shards.size()};
-}
-
-Result<VerifyReport> ManagerImpl::Verify(std::optional<int64_t> step, ProgressFn progress) {
-  ASSIGN_OR_RETURN(int64_t s, PinStep(step));
-  auto r = loop().BlockOn(VerifyTask(s, &progress));
-  Unpin(s);
-  if (!r.ok()) return ExplainReadFailure(s, std::move(r).status());
-  return r;
 }
 
 Task<Status> ManagerImpl::DeleteTask(int64_t step) { co_return co_await storage_->Remove(StepName(step)); }
@@ -764,60 +518,6 @@ Status ManagerImpl::Delete(int64_t step) {
 Status ManagerImpl::Prune() {
   RETURN_IF_ERROR(CheckWritable("prune"));
   return loop().BlockOn(PruneNow());
-}
-
-void ManagerImpl::SetFinalSave(std::function<void(CheckpointManager&)> fn) {
-  std::lock_guard lock(mu_);
-  final_save_ = std::move(fn);
-}
-
-bool ManagerImpl::preempted() const {
-  std::lock_guard lock(mu_);
-  return preempting_;
-}
-
-bool ManagerImpl::WaitIdleUntil(std::unique_lock<std::mutex>& lock, Clock::time_point deadline) {
-  return cv_.wait_until(lock, deadline, [this] { return in_flight_ == 0; });
-}
-
-void ManagerImpl::HandleSigterm() {
-  const Clock::time_point start = Clock::now();
-  const Clock::time_point deadline = start + options_.preemption.grace;
-  std::function<void(CheckpointManager&)> final_save;
-  std::set<int64_t> before;
-  {
-    std::unique_lock lock(mu_);
-    preempting_ = true;
-    before = committed_;
-    WaitIdleUntil(lock, deadline);  // let the saves in flight commit
-    final_save = final_save_;
-    final_save_thread_ = std::this_thread::get_id();
-  }
-  if (final_save && Clock::now() < deadline) final_save(*public_);
-  std::set<int64_t> in_flight;
-  std::set<int64_t> committed;
-  {
-    std::unique_lock lock(mu_);
-    final_save_thread_ = {};
-    WaitIdleUntil(lock, deadline);
-    in_flight = in_flight_steps_;
-    committed = committed_;
-  }
-  std::string now_committed;
-  for (int64_t s : committed) {
-    if (before.count(s) == 0) now_committed += (now_committed.empty() ? "" : ", ") + std::to_string(s);
-  }
-  std::string abandoned;
-  for (int64_t s : in_flight) abandoned += (abandoned.empty() ? "" : ", ") + std::to_string(s);
-  std::fprintf(stderr,
-               "ckptio: SIGTERM: committed since: %s; latest committed step: %s; abandoned (not committed): %s; "
-               "%.2f s of %.2f s grace\n",
-               now_committed.empty() ? "none" : now_committed.c_str(),
-               committed.empty() ? "none" : std::to_string(*committed.rbegin()).c_str(),
-               abandoned.empty() ? "none" : abandoned.c_str(), std::chrono::duration<double>(Clock::now() - start).count(),
-               std::chrono::duration<double>(options_.preemption.grace).count());
-  std::fflush(stderr);
-  sigterm_->RaisePrevious();
 }
 
 ManagerStats ManagerImpl::stats() const {

@@ -37,6 +37,11 @@ namespace ckptio::pipeline {
 
 using Clock = std::chrono::steady_clock;
 
+// "1.50 GiB", "64.00 MiB": sizes in messages.
+std::string FormatBytes(uint64_t n);
+// The machine's memory in bytes (0 if unknown).
+uint64_t PhysicalMemory();
+
 // What a SaveHandle sees. Written by the loop thread, read by any.
 struct SaveState {
   explicit SaveState(int64_t s) : step(s) {}

@@ -68,6 +68,20 @@ class AsyncSemaphore {
   int64_t available() const { return available_; }
   bool has_waiters() const { return head_ != nullptr; }
 
+  // Permits held for a scope: Release()d when it ends, whichever way.
+  //   co_await sem.Acquire(); AsyncSemaphore::Held held(&sem);
+  class Held {
+   public:
+    explicit Held(AsyncSemaphore* sem, int64_t n = 1) : sem_(sem), n_(n) {}
+    ~Held() { sem_->Release(n_); }
+    Held(const Held&) = delete;
+    Held& operator=(const Held&) = delete;
+
+   private:
+    AsyncSemaphore* sem_;
+    int64_t n_;
+  };
+
  private:
   void Enqueue(Awaiter* w) {
     if (tail_ != nullptr) {
