@@ -24,14 +24,8 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TempDir;
 
-Options SmallOptions() {
-  Options o;
-  o.staging_memory = 64 << 20;
-  o.shard_size = 1 << 20;
-  o.keep = 0;
-  o.threads = 2;
-  return o;
-}
+// Staging for the largest saves here, several at once.
+Options SmallOptions() { return testing::SmallOptions(64 << 20); }
 
 std::unique_ptr<CheckpointManager> OpenOrDie(const std::string& root, const Options& o) {
   auto m = CheckpointManager::Open(root, o);
