@@ -73,6 +73,18 @@ std::unique_ptr<StagingPool> Pool(uint64_t limit, uint64_t resident = 0, Staging
   return std::move(pool).value();
 }
 
+TEST_CASE("StagingPool's capacity is its limit: a region of the limit fits, one page more never does") {
+  auto pool = Pool(3 * kMiB);
+  CHECK(pool->capacity() == 3 * kMiB);
+  CHECK(pool->free_bytes() == 3 * kMiB);
+  CHECK_FALSE(pool->TryAllocate(3 * kMiB + kPage).has_value());
+  auto all = pool->TryAllocate(3 * kMiB);
+  REQUIRE(all.has_value());
+  CHECK(*all == 0);
+  CHECK(pool->free_bytes() == 0);
+  CHECK_FALSE(pool->TryAllocate(1).has_value());
+}
+
 TEST_CASE("StagingPool hands out page-rounded regions first fit and reuses a freed one") {
   auto pool = Pool(4 * kMiB);
   CHECK(pool->TryAllocate(1) == 0);                 // one page
@@ -127,10 +139,13 @@ TEST_CASE("StagingPool makes resident what TryAllocate hands out, in kGrowStep s
   CHECK(pool->resident_bytes() == RoundUp(10 * kMiB, StagingPool::kGrowStep));
 }
 
-TEST_CASE("StagingPool makes Create's resident bytes resident at once") {
+TEST_CASE("StagingPool makes Create's resident bytes resident at once, never past its limit") {
   auto pool = Pool(64 * kMiB, 3 * kMiB);
   pool->WaitPrefaulted();
   CHECK(pool->resident_bytes() == RoundUp(3 * kMiB, StagingPool::kGrowStep));
+  auto exact = Pool(3 * kMiB, 3 * kMiB);  // an explicit staging_memory: all of it
+  exact->WaitPrefaulted();
+  CHECK(exact->resident_bytes() == 3 * kMiB);
 }
 
 TEST_CASE("StagingPool tells on_grown each time the resident part has caught up") {
