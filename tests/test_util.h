@@ -1,14 +1,18 @@
 #pragma once
-// Helpers shared by the unit tests: a scratch directory and a lifetime-counting type.
+// Helpers shared by the unit tests: a scratch directory, a lifetime-counting
+// type, and the small Options most manager tests start from.
 
 #include <stdlib.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
 #include <string>
+
+#include "ckptio/options.h"
 
 namespace ckptio::testing {
 
@@ -43,6 +47,18 @@ inline std::string ReadWholeFile(const std::string& path) {
 inline void WriteWholeFile(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Options for a manager in a test: 1 MiB shards (so a few MB of tensors make
+// several), every checkpoint kept, two CPU threads, and `staging_memory`
+// bytes of staging (pre-faulted at Open: keep it small).
+inline Options SmallOptions(uint64_t staging_memory = uint64_t{16} << 20) {
+  Options o;
+  o.staging_memory = staging_memory;
+  o.shard_size = 1 << 20;
+  o.keep = 0;
+  o.threads = 2;
+  return o;
 }
 
 // Counts constructions and destructions, to check that coroutine frames

@@ -237,7 +237,7 @@ Task<Status> TokenAuth::Refresh() {
       if (!token_.empty()) previous_token_ = std::move(token_);
       token_ = std::move(token->access_token);
       auto lifetime = std::max(token->expires_in - kRefreshMargin, token->expires_in / 2);
-      refresh_at_ = Clock::now() + lifetime;
+      refresh_at_ = now_() + lifetime;
       co_return Status::Ok();
     }
     std::chrono::milliseconds delay;
@@ -254,7 +254,7 @@ Task<Status> TokenAuth::Refresh() {
 }
 
 Task<Result<std::string>> TokenAuth::Header() {
-  if (!token_.empty() && Clock::now() < refresh_at_) co_return "Authorization: Bearer " + token_;
+  if (!token_.empty() && now_() < refresh_at_) co_return "Authorization: Bearer " + token_;
   if (refreshing_) {
     // One refresh serves everybody who needs a token meanwhile.
     co_await refreshed_.Wait();

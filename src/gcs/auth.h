@@ -14,6 +14,7 @@
 // Threads: loop thread only.
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -56,6 +57,11 @@ class TokenAuth : public AuthProvider {
     if (!token_.empty()) previous_token_ = std::exchange(token_, {});
   }
   int tokens_fetched() const final { return fetched_; }
+  // The clock that says when the cached token is due for a refresh. Tests
+  // set one they move themselves, to pass a token's lifetime without
+  // waiting it out.
+  using Now = std::function<std::chrono::steady_clock::time_point()>;
+  void SetClockForTesting(Now now) { now_ = std::move(now); }
   // The tokens, and the subclass's own secrets. (The previous token too: a
   // request sent with it may be answered after a refresh.)
   std::vector<std::string> Secrets() const final;
@@ -82,7 +88,8 @@ class TokenAuth : public AuthProvider {
   Options::Gcs::Retry retry_;
   std::string token_;
   std::string previous_token_;
-  std::chrono::steady_clock::time_point refresh_at_;
+  Now now_ = std::chrono::steady_clock::now;
+  std::chrono::steady_clock::time_point refresh_at_;  // by now_
   bool refreshing_ = false;
   runtime::AsyncEvent refreshed_;
   Status last_error_;

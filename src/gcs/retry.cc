@@ -53,8 +53,8 @@ Outcome Classify(const Result<http::Response>& result, std::string_view what,
   }
 }
 
-Backoff::Backoff(const Options::Gcs::Retry& policy)
-    : policy_(policy), start_(std::chrono::steady_clock::now()), rng_(std::random_device{}()) {}
+Backoff::Backoff(const Options::Gcs::Retry& policy, Now now, uint64_t seed)
+    : policy_(policy), now_(std::move(now)), start_(now_()), rng_(seed) {}
 
 bool Backoff::Next(std::chrono::milliseconds* delay) {
   if (attempts_ >= policy_.max_attempts) return false;
@@ -63,14 +63,14 @@ bool Backoff::Next(std::chrono::milliseconds* delay) {
                                 static_cast<double>(policy_.initial_backoff.count()) * double(uint64_t{1} << std::min(attempts_ - 1, 30)));
   std::uniform_real_distribution<double> dist(0.0, cap);
   *delay = std::chrono::milliseconds(static_cast<int64_t>(dist(rng_)));
-  auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start_);
+  auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(now_() - start_);
   if (elapsed + *delay >= policy_.deadline) return false;
   ++attempts_;
   return true;
 }
 
 std::string Backoff::Exhausted() const {
-  auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start_);
+  auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(now_() - start_);
   const std::string max_attempts = "gcs.retry.max_attempts " + std::to_string(policy_.max_attempts);
   const std::string deadline = "gcs.retry.deadline " + std::to_string(policy_.deadline.count()) + " ms";
   const bool out_of_attempts = attempts_ >= policy_.max_attempts;

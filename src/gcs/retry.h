@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <span>
 #include <string>
@@ -33,7 +34,11 @@ Outcome Classify(const Result<http::Response>& result, std::string_view what,
 // deadline. Not thread-safe; one per operation.
 class Backoff {
  public:
-  explicit Backoff(const Options::Gcs::Retry& policy);
+  using Now = std::function<std::chrono::steady_clock::time_point()>;
+  // `now` and `seed` are for tests: a clock they move themselves, and the
+  // jitter's seed.
+  explicit Backoff(const Options::Gcs::Retry& policy, Now now = std::chrono::steady_clock::now,
+                   uint64_t seed = std::random_device{}());
   // True if another attempt is allowed; sets *delay to wait first.
   bool Next(std::chrono::milliseconds* delay);
   int attempts() const { return attempts_; }
@@ -45,6 +50,7 @@ class Backoff {
 
  private:
   Options::Gcs::Retry policy_;
+  Now now_;
   std::chrono::steady_clock::time_point start_;
   int attempts_ = 1;  // the first attempt is made before any Next()
   std::mt19937_64 rng_;

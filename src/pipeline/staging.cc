@@ -19,7 +19,8 @@ uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 Result<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t limit, uint64_t resident, GrownFn on_grown) {
   std::unique_ptr<StagingPool> pool(new StagingPool());
   pool->on_grown_ = std::move(on_grown);
-  pool->capacity_ = RoundUp(std::max<uint64_t>(limit, kAlign), kGrowStep);
+  // Whole pages, and never more than the limit (staging_memory is a bound).
+  pool->capacity_ = std::max<uint64_t>(limit / kAlign * kAlign, kAlign);
   // Address space only: MAP_NORESERVE, and no page is touched here.
   void* p = ::mmap(nullptr, pool->capacity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);

@@ -55,7 +55,8 @@ class StagingPool {
   StagingPool& operator=(const StagingPool&) = delete;
 
   char* base() const { return base_; }
-  // The limit: a region larger than this can never be had.
+  // The limit, in whole pages (at least one): a region larger than this can
+  // never be had.
   uint64_t capacity() const { return capacity_; }
 
   // A region of `bytes` (rounded up to kAlign), as an offset from base(), or

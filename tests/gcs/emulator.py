@@ -66,6 +66,20 @@ def read_port(proc: subprocess.Popen, timeout: float, what: str) -> int:
     return int(buf.split(b"\n", 1)[0].strip())
 
 
+def wait_until(condition, what: str, timeout: float = 60, interval: float = 0.02):
+    """Polls `condition()` until it returns something true, and returns that. Waits for an event,
+    never times anything: `timeout` only ends a test whose event never comes (AssertionError
+    naming `what`), so it is generous enough for a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = condition()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
 def http(method: str, url: str, body: bytes | None = None, headers: dict | None = None,
          timeout: float = 30) -> tuple[int, dict, bytes]:
     """One request with urllib (environment proxies ignored); returns (status, headers, body)."""

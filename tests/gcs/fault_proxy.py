@@ -58,6 +58,7 @@ A rule (all keys optional; unknown keys are rejected with 400):
 
 Settings (POST /__proxy/settings, merged): "latency_ms", "bandwidth_bytes_per_s" (a cap shared by
 all connections, each direction), "upload_bytes_per_s", "download_bytes_per_s", "require_bearer".
+In-process, ``shaped_bytes()`` says how many bytes each of those caps has let through.
 
 Log entry: id, conn, time, method, path, query, headers (selected request headers), authorization
 (the scheme only, e.g. "Bearer", never the credentials), bearer_ok, request_body_bytes (received
@@ -324,8 +325,10 @@ class TokenBucket:
         self.burst = max(4096.0, self.rate / 50.0)
         self.tokens = self.burst
         self.last = time.monotonic()
+        self.consumed = 0  # bytes shaped so far
 
     async def consume(self, n: int):
+        self.consumed += n
         now = time.monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
         self.last = now
@@ -564,6 +567,11 @@ class FaultProxy:
     def rules(self) -> list[dict]:
         with self.state.lock:
             return [r.describe() for r in self.state.rules]
+
+    def shaped_bytes(self) -> dict[str, int]:
+        """Bytes each global bandwidth cap ("up", "down") has let through since the settings set it."""
+        with self.state.lock:
+            return {k: b.consumed for k, b in self.state.buckets.items()}
 
     # ------------------------------------------------------------ connection handling
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):

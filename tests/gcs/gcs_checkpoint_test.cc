@@ -15,6 +15,7 @@
 #include "gcs/gcs_client.h"
 #include "gcs_test_util.h"
 #include "test_state.h"
+#include "test_util.h"
 
 namespace ckptio {
 namespace {
@@ -29,11 +30,7 @@ std::string UniqueRoot(const std::string& stem) {
 }
 
 Options GcsOptions() {
-  Options o;
-  o.staging_memory = 64 << 20;
-  o.shard_size = 1 << 20;
-  o.keep = 0;
-  o.threads = 2;
+  Options o = testing::SmallOptions(64 << 20);
   o.gcs.chunk_size = 256 << 10;
   o.gcs.retry.max_attempts = 4;
   o.gcs.retry.initial_backoff = std::chrono::milliseconds(5);

@@ -16,6 +16,7 @@
 #include "ckptio/checkpoint_manager.h"
 #include "gcs_test_util.h"
 #include "test_state.h"
+#include "test_util.h"
 
 namespace ckptio {
 namespace {
@@ -89,11 +90,7 @@ std::vector<Scenario> Scenarios() {
 const char* Name(StatusCode c) { return c == StatusCode::kOk ? "verified checkpoint" : StatusCodeName(c); }
 
 Options MatrixOptions(const std::string& endpoint) {
-  Options o;
-  o.staging_memory = 32 << 20;
-  o.shard_size = 1 << 20;
-  o.keep = 0;
-  o.threads = 2;
+  Options o = testing::SmallOptions(32 << 20);
   o.gcs.endpoint = endpoint;
   o.gcs.chunk_size = 256 << 10;
   o.gcs.retry.max_attempts = 4;

@@ -24,21 +24,13 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 using testing::ReadWholeFile;
+using testing::SmallOptions;
 using testing::TempDir;
 using testing::WriteWholeFile;
 
 constexpr char kShard[] = "shard-00000.safetensors";
 // What a reader that followed a link out of the root would quote.
 constexpr char kSecret[] = "root:x:0:0:secret-outside-the-root";
-
-Options Small() {
-  Options o;
-  o.staging_memory = 16 << 20;
-  o.shard_size = 1 << 20;
-  o.keep = 0;
-  o.threads = 2;
-  return o;
-}
 
 // A root holding checkpoint_1 and checkpoint_2 (one 64 KiB tensor each), and
 // a directory outside it with a secret file.
@@ -50,7 +42,7 @@ class Fixture {
     WriteWholeFile(outside_ + "/passwd", kSecret);
     Bytes bytes(64 << 10);
     for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>(i * 7 + 1);
-    auto m = CheckpointManager::Open(root_, Small());
+    auto m = CheckpointManager::Open(root_, SmallOptions());
     REQUIRE_MESSAGE(m.ok(), m.status().ToString());
     for (int64_t step : {1, 2}) {
       std::vector<TensorRef> refs = {{"w", DType::kU8, {bytes.size()}, bytes.data()}};
@@ -64,7 +56,7 @@ class Fixture {
   std::string step(int64_t s) const { return root_ + "/checkpoint_" + std::to_string(s); }
 
   std::unique_ptr<CheckpointManager> Reader() const {
-    auto r = CheckpointManager::OpenReadOnly(root_, Small());
+    auto r = CheckpointManager::OpenReadOnly(root_, SmallOptions());
     REQUIRE_MESSAGE(r.ok(), r.status().ToString());
     return std::move(r).value();
   }
@@ -95,7 +87,7 @@ TEST_CASE("a FIFO named manifest.json is refused at once, not waited on") {
   REQUIRE(::mkfifo((f.step(2) + "/manifest.json").c_str(), 0644) == 0);
   auto reader = f.Reader();
   CheckEveryReaderRefuses(*reader, 2, f.step(2) + "/manifest.json: a FIFO where a checkpoint file should be");
-  auto writer = CheckpointManager::Open(f.root(), Small());
+  auto writer = CheckpointManager::Open(f.root(), SmallOptions());
   REQUIRE(writer.ok());
   CheckEveryReaderRefuses(**writer, 2, "a FIFO");
   CHECK((*writer)->Verify(1).ok());  // the other step is untouched
@@ -155,7 +147,7 @@ TEST_CASE("a .ckptio.lock linked out of the root stops the writer, and its targe
   Fixture f;
   fs::remove(f.root() + "/.ckptio.lock");
   fs::create_symlink(f.outside() + "/created-by-ckptio", f.root() + "/.ckptio.lock");
-  auto writer = CheckpointManager::Open(f.root(), Small());
+  auto writer = CheckpointManager::Open(f.root(), SmallOptions());
   REQUIRE_FALSE(writer.ok());
   CHECK(writer.status().code() == StatusCode::kFailedPrecondition);
   CHECK(writer.status().message().find(f.root() + "/.ckptio.lock is a symbolic link") != std::string::npos);
@@ -167,7 +159,7 @@ TEST_CASE("a .recycle linked out of the root never receives pruned shards") {
   const std::string bin = f.outside() + "/bin";
   fs::create_directory(bin);
   fs::create_directory_symlink(bin, f.root() + "/.recycle");
-  Options o = Small();
+  Options o = SmallOptions();
   o.keep = 1;
   o.io.recycle = true;
   auto writer = CheckpointManager::Open(f.root(), o);
@@ -216,7 +208,7 @@ TEST_CASE("a step another process removes while a reader holds the listing is No
   auto reader = f.Reader();
   REQUIRE(reader->AllSteps() == std::vector<int64_t>{1, 2});
   {
-    auto writer = CheckpointManager::Open(f.root(), Small());
+    auto writer = CheckpointManager::Open(f.root(), SmallOptions());
     REQUIRE(writer.ok());
     REQUIRE((*writer)->Delete(1).ok());
   }

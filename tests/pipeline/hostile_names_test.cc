@@ -34,6 +34,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 using testing::ReadWholeFile;
+using testing::SmallOptions;
 using testing::TempDir;
 using testing::WriteWholeFile;
 
@@ -82,15 +83,6 @@ class HostileFixture {
       fs::create_directories(fs::path(decoy).parent_path());
       WriteWholeFile(decoy, shard_bytes_);
     }
-  }
-
-  static Options SmallOptions() {
-    Options o;
-    o.staging_memory = 16 << 20;
-    o.shard_size = 1 << 20;
-    o.keep = 0;
-    o.threads = 2;
-    return o;
   }
 
   const std::string& root() const { return root_; }

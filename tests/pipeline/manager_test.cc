@@ -2,20 +2,28 @@
 
 #include <doctest/doctest.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "ckptio/checkpoint_manager.h"
 #include "format/dtype.h"
+#include "storage/local_storage.h"
 #include "test_util.h"
 
 namespace ckptio {
@@ -24,19 +32,72 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TempDir;
 
-Options SmallOptions() {
-  Options o;
-  o.staging_memory = 64 << 20;
-  o.shard_size = 1 << 20;
-  o.keep = 0;
-  o.threads = 2;
-  return o;
-}
+// Staging for the largest saves here, several at once.
+Options SmallOptions() { return testing::SmallOptions(64 << 20); }
 
 std::unique_ptr<CheckpointManager> OpenOrDie(const std::string& root, const Options& o) {
   auto m = CheckpointManager::Open(root, o);
   REQUIRE_MESSAGE(m.ok(), m.status().ToString());
   return std::move(m).value();
+}
+
+// Holds the first shard write of the managers opened while it is installed,
+// on their loop thread, until Release(): that save keeps its staging region
+// and its place in flight meanwhile, so a test can make the next save meet
+// a busy manager for certain, without racing the disk.
+class HeldWrite final : public storage::FsObserver {
+ public:
+  HeldWrite() { storage::SetFsObserverForTesting(this); }
+  ~HeldWrite() {
+    Release();
+    storage::SetFsObserverForTesting(nullptr);
+  }
+  int Inject(Op op, const std::string& path) override {
+    (void)path;
+    if (op != Op::kWrite) return 0;
+    std::unique_lock lock(mu_);
+    if (held_) return 0;
+    held_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return released_; });
+    return 0;
+  }
+  void WaitUntilHeld() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return held_; });
+  }
+  void Release() {
+    {
+      std::lock_guard lock(mu_);
+      released_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool held_ = false;
+  bool released_ = false;
+};
+
+// A manager whose first shard write is held. The members are in this order
+// so that the observer outlives the manager and the write is released
+// before the manager's destructor waits for its saves.
+struct HeldManager {
+  HeldManager(const std::string& root, const Options& o) : manager(OpenOrDie(root, o)) {}
+  ~HeldManager() { held.Release(); }
+  HeldWrite held;
+  std::unique_ptr<CheckpointManager> manager;
+};
+
+// True while thread `tid` of this process sleeps in a futex (a mutex or a
+// condition variable), as a save waiting for room does: the kernel's word,
+// so the manager needs no hook for a test to see that a save waits.
+bool SleepsInFutex(pid_t tid) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/syscall");
+  long nr = -1;
+  return static_cast<bool>(f >> nr) && nr == SYS_futex;  // "running" reads as no number
 }
 
 // A tensor whose bytes are a deterministic function of (name, step).
@@ -366,45 +427,59 @@ TEST_CASE("overlapping saves with keep=2 and keep_every=5 leave exactly the righ
   }
 }
 
-TEST_CASE("with on_busy wait, a save that does not fit waits for staging and then commits") {
+TEST_CASE("with on_busy wait, a save that does not fit waits until staging has room, then commits") {
   TempDir dir;
   Options o = SmallOptions();
   o.staging_memory = 6 << 20;  // room for one 4.8 MB save at a time
-  o.max_in_flight = 4;
-  auto m = OpenOrDie(dir.path(), o);
-  for (int64_t step = 1; step <= 4; ++step) {
-    auto ts = State(step, 4, 300'000);
-    auto refs = Refs(ts);
-    auto h = m->Save(step, refs);
-    REQUIRE(h.ok());
-    CHECK_FALSE(h->skipped());
-  }
-  REQUIRE(m->WaitUntilFinished().ok());
-  CHECK(m->AllSteps() == std::vector<int64_t>{1, 2, 3, 4});
-  CHECK(m->stats().saves_skipped == 0);
+  HeldManager h(dir.path(), o);
+  auto first_state = State(1, 4, 300'000), second_state = State(2, 4, 300'000);
+  auto first_refs = Refs(first_state), second_refs = Refs(second_state);
+  auto first = h.manager->Save(1, first_refs);
+  REQUIRE(first.ok());
+  h.held.WaitUntilHeld();  // save 1 keeps its staging until released
+  std::atomic<pid_t> saver_tid{0};
+  std::atomic<bool> returned{false};
+  std::optional<Result<SaveHandle>> second;
+  std::thread saver([&] {
+    saver_tid = gettid();
+    second = h.manager->Save(2, second_refs);
+    returned = true;
+  });
+  // Save 2 cannot have room before save 1's write goes on: it must block
+  // (or, wrongly, return). Either shows soon; nothing here is timed.
+  while (saver_tid == 0 || (!returned && !SleepsInFutex(saver_tid))) std::this_thread::yield();
+  CHECK_FALSE(returned);
+  h.held.Release();
+  saver.join();
+  REQUIRE(second->ok());
+  CHECK_FALSE((*second)->skipped());
+  CHECK((*second)->Wait().ok());
+  CHECK(first->Wait().ok());
+  CHECK(h.manager->AllSteps() == std::vector<int64_t>{1, 2});
+  CHECK(h.manager->stats().saves_skipped == 0);
 }
 
 TEST_CASE("with on_busy skip, a save that does not fit is dropped and reported") {
   TempDir dir;
   Options o = SmallOptions();
-  o.staging_memory = 6 << 20;
+  o.staging_memory = 6 << 20;  // room for one 4.8 MB save at a time
   o.on_busy = OnBusy::kSkip;
-  auto m = OpenOrDie(dir.path(), o);
-  auto ts = State(1, 4, 300'000);
-  auto refs = Refs(ts);
-  auto first = m->Save(1, refs);
-  auto second = m->Save(2, refs);  // staging still holds the first
+  HeldManager h(dir.path(), o);
+  auto state = State(1, 4, 300'000);
+  auto refs = Refs(state);
+  auto first = h.manager->Save(1, refs);
   REQUIRE(first.ok());
+  h.held.WaitUntilHeld();  // save 1 keeps its staging until released
+  auto second = h.manager->Save(2, refs);
+  h.held.Release();
   REQUIRE(second.ok());
-  if (!first->done()) {  // the skip is only certain while the first still holds staging
-    CHECK(second->skipped());
-    CHECK(second->Wait().code() == StatusCode::kResourceExhausted);
-    CHECK(second->Wait().message().find("save of step 2 skipped") == 0);
-  }
-  REQUIRE(m->WaitUntilFinished().ok());
-  std::vector<int64_t> steps = m->AllSteps();
-  CHECK(steps.front() == 1);
-  CHECK(m->stats().saves_skipped == (second->skipped() ? 1u : 0u));
+  CHECK(second->skipped());
+  CHECK(second->Wait().code() == StatusCode::kResourceExhausted);
+  CHECK(second->Wait().message() == "save of step 2 skipped: not enough free staging memory for 4.59 MiB");
+  CHECK(first->Wait().ok());
+  REQUIRE(h.manager->WaitUntilFinished().ok());
+  CHECK(h.manager->AllSteps() == std::vector<int64_t>{1});
+  CHECK(h.manager->stats().saves_skipped == 1);
 }
 
 TEST_CASE("max_in_flight=1 with on_busy skip skips while a save is in flight") {
@@ -412,19 +487,21 @@ TEST_CASE("max_in_flight=1 with on_busy skip skips while a save is in flight") {
   Options o = SmallOptions();
   o.max_in_flight = 1;
   o.on_busy = OnBusy::kSkip;
-  auto m = OpenOrDie(dir.path(), o);
-  auto ts = State(1, 8, 300'000);
-  auto refs = Refs(ts);
-  auto first = m->Save(1, refs);
-  auto second = m->Save(2, refs);
-  // done is monotonic: if the first is still running now, it was running
-  // during the second Save(), which therefore had to skip.
-  bool first_was_running = !first->done();
+  HeldManager h(dir.path(), o);
+  auto state = State(1, 2, 100'000);
+  auto refs = Refs(state);
+  auto first = h.manager->Save(1, refs);
   REQUIRE(first.ok());
+  h.held.WaitUntilHeld();  // save 1 stays in flight until released
+  auto second = h.manager->Save(2, refs);
+  h.held.Release();
   REQUIRE(second.ok());
-  if (first_was_running) CHECK(second->skipped());
-  REQUIRE(m->WaitUntilFinished().ok());
-  CHECK(m->stats().saves_skipped + m->stats().saves_committed == 2);
+  CHECK(second->skipped());
+  CHECK(second->Wait().message() == "save of step 2 skipped: 1 saves already in flight (max_in_flight)");
+  REQUIRE(h.manager->WaitUntilFinished().ok());
+  CHECK(h.manager->AllSteps() == std::vector<int64_t>{1});
+  CHECK(h.manager->stats().saves_skipped == 1);
+  CHECK(h.manager->stats().saves_committed == 1);
 }
 
 TEST_CASE("a flipped byte makes verify fail naming the shard and the tensor") {

@@ -8,7 +8,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -109,11 +108,11 @@ TEST_CASE("eight processes commit with the storage-only fallback") {
 
 TEST_CASE("a process that dies mid-save: no manifest, a clear error for the others, the previous step restores") {
   testing::TempDir dir;
-  auto start = std::chrono::steady_clock::now();
-  // Process 2 of 4 dies at step 6 (its second save); the others time out.
+  // Process 2 of 4 dies at step 6 (its second save); the others time out,
+  // and say after how long. (Were the timeout not applied they would wait
+  // for ever: the test's own time limit ends that.)
   // Every worker gets --die-at 6; only process 2 acts on it.
   std::vector<Run> runs = RunWorkers("save", dir.path(), 4, {"5", "2", "--die-at", "6", "--timeout-ms", "2000"});
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   int died = 0, failed_clearly = 0;
   for (const Run& r : runs) {
     if (WIFSIGNALED(r.status)) {
@@ -122,13 +121,13 @@ TEST_CASE("a process that dies mid-save: no manifest, a clear error for the othe
     }
     bool clear = r.out.find("error at step 6") != std::string::npos &&
                  (r.out.find("barrier \"written/6\"") != std::string::npos ||
-                  r.out.find("was not committed by process 0") != std::string::npos);
+                  r.out.find("was not committed by process 0") != std::string::npos) &&
+                 r.out.find(" 2000 ms") != std::string::npos;
     if (!clear) MESSAGE("unclear failure: " << r.out);
     failed_clearly += clear && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2;
   }
   CHECK(died == 1);
   CHECK(failed_clearly == 3);
-  CHECK(secs < 30);  // within the 2 s barrier timeout, plus start-up
   CHECK_FALSE(fs::exists(dir / "checkpoint_6/manifest.json"));
   auto m = CheckpointManager::OpenReadOnly(dir.path(), {});
   REQUIRE(m.ok());

@@ -289,44 +289,50 @@ TEST_CASE("an urgent job goes first and loses none of the jobs queued behind it"
     std::string name;
     std::mutex* mu;
     std::vector<std::string>* ran;
-    std::shared_future<void> gate;
+    std::promise<void>* started = nullptr;   // set when it starts, if given
+    std::shared_future<void> gate;           // then waited for, if valid
+    std::promise<void>* finished = nullptr;  // set once it has run, if given
   };
   std::vector<std::unique_ptr<Named>> jobs;
-  auto make = [&](std::string name, bool blocks) {
+  auto make = [&](std::string name) {
     auto j = std::make_unique<Named>();
     j->name = std::move(name);
     j->mu = &mu;
     j->ran = &ran;
-    if (blocks) j->gate = released;
     j->run = [](CpuPool::Job* job) {
       auto* self = static_cast<Named*>(job);
+      if (self->started != nullptr) self->started->set_value();
       if (self->gate.valid()) self->gate.wait();
-      std::lock_guard lock(*self->mu);
-      self->ran->push_back(self->name);
+      {
+        std::lock_guard lock(*self->mu);
+        self->ran->push_back(self->name);
+      }
+      if (self->finished != nullptr) self->finished->set_value();
     };
     jobs.push_back(std::move(j));
     return jobs.back().get();
   };
-  CpuPool::Job* blocker = make("blocker", true);
+  std::promise<void> blocker_started;
+  Named* blocker = make("blocker");
+  blocker->started = &blocker_started;
+  blocker->gate = released;
   pool.Enqueue(blocker);
-  // The worker has taken the blocker off the queue once it is blocked in it:
-  // wait for that (the blocker's gate is the only thing it can wait on).
-  for (int i = 0; i < 5000 && pool.queued() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  blocker_started.get_future().wait();  // off the queue, and holding the worker
   REQUIRE(pool.queued() == 0);
-  pool.Enqueue(make("a", false));
-  pool.Enqueue(make("b", false));
-  pool.Enqueue(make("urgent", false), /*urgent=*/true);
-  pool.Enqueue(make("c", false));
+  pool.Enqueue(make("a"));
+  pool.Enqueue(make("b"));
+  pool.Enqueue(make("urgent"), /*urgent=*/true);
+  pool.Enqueue(make("c"));
   release.set_value();
-  for (int i = 0; i < 10000; ++i) {
-    {
-      std::lock_guard lock(mu);
-      if (ran.size() == 5) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  // One worker runs the queue in order: once a job queued last has run,
+  // every job before it has run too, or was lost.
+  std::promise<void> last_finished;
+  Named* last = make("last");
+  last->finished = &last_finished;
+  pool.Enqueue(last);
+  last_finished.get_future().wait();
   std::lock_guard lock(mu);
-  CHECK(ran == std::vector<std::string>{"blocker", "urgent", "a", "b", "c"});
+  CHECK(ran == std::vector<std::string>{"blocker", "urgent", "a", "b", "c", "last"});
 }
 
 TEST_CASE("pool.Run runs on a worker and resumes on the loop thread") {

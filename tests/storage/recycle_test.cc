@@ -40,11 +40,8 @@ size_t Files(const std::string& dir) {
 }
 
 Options RecycleOptions() {
-  Options o;
-  o.staging_memory = 32 << 20;
-  o.shard_size = 1 << 20;
+  Options o = testing::SmallOptions(32 << 20);
   o.keep = 2;
-  o.threads = 2;
   return o;
 }
 
