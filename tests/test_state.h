@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "ckptio/tensor.h"
-#include "format/dtype.h"
+#include "base/dtype.h"
 
 namespace ckptio::testing {
 
@@ -24,7 +24,7 @@ struct OwnedTensor {
 };
 
 inline OwnedTensor MakeTensor(std::string name, DType dtype, std::vector<uint64_t> shape, int64_t step) {
-  uint64_t n = format::TensorBytes(dtype, shape).value();
+  uint64_t n = base::TensorBytes(dtype, shape).value();
   OwnedTensor t{std::move(name), dtype, std::move(shape), Bytes(n)};
   std::mt19937_64 rng(std::hash<std::string>{}(t.name) ^ static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull);
   size_t i = 0;

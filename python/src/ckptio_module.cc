@@ -46,7 +46,7 @@
 #include "ckptio/checkpoint_manager.h"
 #include "config/config.h"
 #include "config/knobs.h"
-#include "format/dtype.h"
+#include "base/dtype.h"
 #include "storage/open_storage.h"
 
 namespace py = pybind11;
@@ -427,7 +427,7 @@ class PyManager {
     RestoredCheckpoint rc = Take(std::move(restored));
     py::list tensors;
     for (Tensor& t : rc.tensors) {
-      py::str dtype_name(std::string(format::DTypeName(t.dtype)));
+      py::str dtype_name(std::string(base::DTypeName(t.dtype)));
       if (!numpy_dtypes.contains(dtype_name)) {
         Check(UnimplementedError("tensor \"" + t.name + "\": no numpy dtype for " + std::string(dtype_name)));
       }
@@ -528,7 +528,7 @@ class PyManager {
   static TensorRef Ref(py::handle name, py::handle dtype, py::handle obj) {
     TensorRef ref;
     ref.name = py::cast<std::string>(name);
-    ref.dtype = Take(format::ParseDType(py::cast<std::string>(dtype)));
+    ref.dtype = Take(base::ParseDType(py::cast<std::string>(dtype)));
     if (!py::isinstance<py::array>(obj)) {
       Check(InvalidArgumentError("tensor \"" + ref.name + "\": not a numpy array"));
     }
@@ -536,7 +536,7 @@ class PyManager {
     if ((array.flags() & py::array::c_style) == 0) {
       Check(InvalidArgumentError("tensor \"" + ref.name + "\": not C-contiguous"));
     }
-    if (static_cast<size_t>(array.itemsize()) != format::DTypeSize(ref.dtype)) {
+    if (static_cast<size_t>(array.itemsize()) != base::DTypeSize(ref.dtype)) {
       Check(InvalidArgumentError("tensor \"" + ref.name + "\": " + std::to_string(array.itemsize()) +
                                  "-byte elements cannot be " + py::cast<std::string>(dtype)));
     }
@@ -654,7 +654,7 @@ PYBIND11_MODULE(_ckptio, m) {
         "and its error was first reported at exit.");
 
   m.def("dtype_size", [](const std::string& name) {
-    return ckptio::format::DTypeSize(ckptio::python::Take(ckptio::format::ParseDType(name)));
+    return ckptio::base::DTypeSize(ckptio::python::Take(ckptio::base::ParseDType(name)));
   });
   m.def("default_options_json", [] { return ckptio::config::ToJson(ckptio::Options{}); });
   // ("local", "/abs/path") or ("gcs", "gs://bucket/prefix"); InvalidArgumentError naming

@@ -20,7 +20,7 @@
 
 #include "ckptio/checkpoint_manager.h"
 #include "config/config.h"
-#include "format/dtype.h"
+#include "base/dtype.h"
 
 // The C enums are the C++ ones by value: conversions below are casts.
 static_assert(CKPTIO_OK == static_cast<int>(ckptio::StatusCode::kOk));
@@ -341,7 +341,7 @@ void ckptio_checkpoint_free(ckptio_checkpoint* checkpoint) { delete checkpoint; 
 size_t ckptio_dtype_size(ckptio_dtype dtype) {
   const int64_t raw = RawEnum(dtype);
   if (!ValidDType(raw)) return 0;
-  return ckptio::format::DTypeSize(static_cast<ckptio::DType>(raw));
+  return ckptio::base::DTypeSize(static_cast<ckptio::DType>(raw));
 }
 
 }  // extern "C"

@@ -32,7 +32,7 @@
 #include "cli/seed_trace.h"
 #include "cli/svg_timeline.h"
 #include "cli/trainer_sim.h"
-#include "format/dtype.h"
+#include "base/dtype.h"
 #include "format/safetensors.h"
 
 namespace ckptio::cli {
@@ -74,7 +74,7 @@ Result<std::vector<SeedMode>> ParseModes(const std::string& text) {
 Result<uint64_t> BorrowStagingMemory(const DemoState& state, const Options& o) {
   std::vector<format::TensorSpec> specs;
   for (const TensorRef& t : state.tensors()) {
-    ASSIGN_OR_RETURN(uint64_t bytes, format::TensorBytes(t.dtype, t.shape));
+    ASSIGN_OR_RETURN(uint64_t bytes, base::TensorBytes(t.dtype, t.shape));
     specs.push_back({t.name, t.dtype, t.shape, bytes});
   }
   ASSIGN_OR_RETURN(std::vector<format::PlannedShard> shards, format::PlanShards(specs, o.shard_size, kBlock));

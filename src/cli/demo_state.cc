@@ -8,7 +8,7 @@
 #include <set>
 #include <utility>
 
-#include "format/dtype.h"
+#include "base/dtype.h"
 
 namespace ckptio::cli {
 namespace {
@@ -57,7 +57,7 @@ uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 // state can write it from the trainer's buffers with O_DIRECT.
 std::vector<uint64_t> ShapeFor(DType dtype, uint64_t target) {
   const uint64_t blocks = target / kAlign * kAlign;
-  const uint64_t elems = (blocks > 0 ? blocks : target) / format::DTypeSize(dtype);
+  const uint64_t elems = (blocks > 0 ? blocks : target) / base::DTypeSize(dtype);
   if (elems >= 1024) return {elems / 1024, 1024};
   return {elems};
 }
@@ -96,7 +96,7 @@ Result<DemoState> DemoState::Create(uint64_t bytes, int sets) {
     } else if (sp.weight > 0) {
       shape = ShapeFor(sp.dtype, static_cast<uint64_t>(static_cast<double>(budget) * sp.weight / total_weight));
     }
-    const uint64_t n = format::TensorBytes(sp.dtype, shape).value();
+    const uint64_t n = base::TensorBytes(sp.dtype, shape).value();
     used += n;
     layout.emplace_back(std::move(shape), n);
   }
@@ -155,7 +155,7 @@ std::string DemoState::DTypeSummary() const {
   std::set<DType> seen;
   for (const TensorRef& t : tensors()) {
     if (!seen.insert(t.dtype).second) continue;
-    out += (out.empty() ? "" : ", ") + std::string(format::DTypeName(t.dtype));
+    out += (out.empty() ? "" : ", ") + std::string(base::DTypeName(t.dtype));
   }
   return out;
 }

@@ -15,12 +15,12 @@
 #include <mutex>
 #include <utility>
 
-#include "runtime/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace ckptio::cli {
 namespace {
 
-using runtime::UniqueFd;
+using base::UniqueFd;
 
 // Big writes are split so progress moves and a signal never waits on one
 // multi-GiB write.

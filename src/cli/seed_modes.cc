@@ -13,7 +13,7 @@
 #include "cli/seed_experiment.h"
 #include "cli/trainer_sim.h"
 #include "format/crc32c.h"
-#include "format/dtype.h"
+#include "base/dtype.h"
 
 namespace ckptio::cli {
 namespace {
@@ -117,7 +117,7 @@ void CheckRestored(const RestoredCheckpoint& ckpt, std::span<const TensorRef> te
   for (size_t i = 0; a->complete && i < tensors.size(); ++i) {
     const Tensor& t = ckpt.tensors[i];
     a->complete = t.name == tensors[i].name &&
-                  t.bytes.size() == format::TensorBytes(tensors[i].dtype, tensors[i].shape).value();
+                  t.bytes.size() == base::TensorBytes(tensors[i].dtype, tensors[i].shape).value();
   }
   if (!a->complete || expected == nullptr) return;
   a->checked = true;

@@ -22,14 +22,14 @@
 
 #include "cli/trainer_sim.h"
 #include "format/crc32c.h"
-#include "format/dtype.h"
+#include "base/dtype.h"
 #include "gcs/gcs_url.h"
 
 namespace ckptio::cli {
 namespace naive {
 namespace {
 
-uint64_t BytesOf(const TensorRef& t) { return format::TensorBytes(t.dtype, t.shape).value(); }
+uint64_t BytesOf(const TensorRef& t) { return base::TensorBytes(t.dtype, t.shape).value(); }
 
 std::string Errno(int err) { return std::strerror(err); }
 

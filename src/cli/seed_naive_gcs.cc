@@ -17,7 +17,7 @@
 #include "ckptio/when_all.h"
 #include "cli/seed_naive.h"
 #include "format/crc32c.h"
-#include "format/dtype.h"
+#include "base/dtype.h"
 #include "gcs/auth.h"
 #include "gcs/gcs_client.h"
 #include "gcs/gcs_url.h"
@@ -130,7 +130,7 @@ Task<void> PruneGcs(Session* s, Shared* shared, ThreadRecord* record) {
   }
 }
 
-uint64_t TensorSize(const TensorRef& t) { return format::TensorBytes(t.dtype, t.shape).value(); }
+uint64_t TensorSize(const TensorRef& t) { return base::TensorBytes(t.dtype, t.shape).value(); }
 
 Task<void> SaveAndPrune(Session* s, Shared* shared, ThreadRecord* record) {
   gcs::UploadSource source;

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "format/crc32c.h"
-#include "format/dtype.h"
+#include "base/dtype.h"
 
 namespace ckptio::cli {
 
@@ -32,7 +32,7 @@ std::vector<uint32_t> TensorCrcs(std::span<const TensorRef> tensors) {
   std::vector<uint32_t> out;
   out.reserve(tensors.size());
   for (const TensorRef& t : tensors) {
-    const uint64_t n = format::TensorBytes(t.dtype, t.shape).value();
+    const uint64_t n = base::TensorBytes(t.dtype, t.shape).value();
     out.push_back(format::Crc32c(t.data, n));
   }
   return out;

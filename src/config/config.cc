@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "config/knobs.h"
-#include "runtime/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace ckptio::config {
 namespace {
@@ -190,7 +190,7 @@ class DuplicateKeyFinder {
 };
 
 Status ReadWholeFile(const std::string& path, std::string& out) {
-  runtime::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  base::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return ErrnoToStatus(errno, "cannot open config file", path);
   out.clear();
   char buf[16384];

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/units.h"
-#include "runtime/redact.h"
+#include "base/redact.h"
 
 namespace ckptio::config {
 namespace {
@@ -599,7 +599,7 @@ std::string DescribeJson(const json& v) {
 }
 
 bool IsSecretValue(std::string_view name, std::string_view value) {
-  return IsSecretHeader(name) || runtime::LooksLikeCredential(value);
+  return IsSecretHeader(name) || base::LooksLikeCredential(value);
 }
 
 bool IsSecretHeader(std::string_view name) {

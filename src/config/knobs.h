@@ -140,7 +140,7 @@ bool IsSecretHeader(std::string_view name);
 
 // True for a header whose value must never be printed: a secret-looking name,
 // or a value that looks like a credential ("Bearer ...", "ya29.", a long
-// random token: runtime::LooksLikeCredential), whatever the name.
+// random token: base::LooksLikeCredential), whatever the name.
 bool IsSecretValue(std::string_view name, std::string_view value);
 
 }  // namespace ckptio::config

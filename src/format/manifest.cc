@@ -30,7 +30,7 @@ Json ShardJson(const ManifestShard& s) {
 Json TensorJson(const ManifestTensor& t, const std::vector<ManifestShard>& shards) {
   Json j;
   j["name"] = t.name;
-  j["dtype"] = std::string(DTypeName(t.dtype));
+  j["dtype"] = std::string(base::DTypeName(t.dtype));
   j["shape"] = t.shape;
   j["shard"] = t.shard < shards.size() ? shards[t.shard].name : std::string();
   j["offset"] = t.offset;
@@ -89,7 +89,7 @@ Result<ManifestTensor> ParseTensor(std::string_view file, size_t i, const Json& 
   const FieldReader r(std::string(file) + ": tensor " + Quoted(t.name), j);
   RETURN_IF_ERROR(r.CheckKeys({"name", "dtype", "shape", "shard", "offset", "bytes", "crc32c"}));
   ASSIGN_OR_RETURN(std::string dtype, r.String("dtype"));
-  auto parsed_dtype = ParseDType(dtype);
+  auto parsed_dtype = base::ParseDType(dtype);
   if (!parsed_dtype.ok()) return AsCorruption(r.context(), parsed_dtype.status());
   t.dtype = *parsed_dtype;
   ASSIGN_OR_RETURN(t.shape, r.U64Array("shape"));
@@ -171,12 +171,12 @@ Status CheckTensor(const std::string& context, const ManifestTensor& t,
     return CorruptionError(context + ": shard index " + std::to_string(t.shard) +
                            " is out of range (" + std::to_string(shards.size()) + " shards)");
   }
-  auto bytes = TensorBytes(t.dtype, t.shape);
+  auto bytes = base::TensorBytes(t.dtype, t.shape);
   if (!bytes.ok()) return AsCorruption(context, bytes.status());
   if (*bytes != t.bytes) {
     return CorruptionError(context + ": bytes " + std::to_string(t.bytes) +
-                           " do not match shape " + ShapeToString(t.shape) + " x " +
-                           std::string(DTypeName(t.dtype)) + " = " + std::to_string(*bytes) +
+                           " do not match shape " + base::ShapeToString(t.shape) + " x " +
+                           std::string(base::DTypeName(t.dtype)) + " = " + std::to_string(*bytes) +
                            " bytes");
   }
   const ManifestShard& shard = shards[t.shard];
@@ -220,13 +220,13 @@ Status CheckNoOverlaps(std::string_view file, const Manifest& m) {
 Status CompareTensor(const std::string& context, const ManifestTensor& t,
                      const TensorEntry& e, uint64_t data_start) {
   if (e.dtype != t.dtype) {
-    return CorruptionError(context + ": dtype " + std::string(DTypeName(e.dtype)) +
-                           " in the shard header, " + std::string(DTypeName(t.dtype)) +
+    return CorruptionError(context + ": dtype " + std::string(base::DTypeName(e.dtype)) +
+                           " in the shard header, " + std::string(base::DTypeName(t.dtype)) +
                            " in the manifest");
   }
   if (e.shape != t.shape) {
-    return CorruptionError(context + ": shape " + ShapeToString(e.shape) +
-                           " in the shard header, " + ShapeToString(t.shape) + " in the manifest");
+    return CorruptionError(context + ": shape " + base::ShapeToString(e.shape) +
+                           " in the shard header, " + base::ShapeToString(t.shape) + " in the manifest");
   }
   // Compared without adding, so a forged header cannot overflow the sum.
   const bool same_offset = t.offset >= data_start && t.offset - data_start == e.begin;

@@ -36,7 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptio/status.h"
-#include "format/dtype.h"
+#include "base/dtype.h"
 #include "format/safetensors.h"
 
 namespace ckptio::format {
@@ -44,7 +44,7 @@ namespace ckptio::format {
 inline constexpr int kManifestFormatVersion = 1;
 // A manifest lists ~100 bytes per tensor: 256 MiB is millions of tensors.
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
-// A shard holds at most one tensor over shard_size (<= kMaxTensorBytes) plus
+// A shard holds at most one tensor over shard_size (<= base::kMaxTensorBytes) plus
 // its header, so twice the tensor limit bounds every honest shard.
 inline constexpr uint64_t kMaxShardBytes = uint64_t{1} << 51;
 

@@ -41,11 +41,11 @@ Status CheckEntryBounds(const FieldReader& r, const TensorEntry& e, uint64_t dat
     return r.Error(offsets + " run past the end of the data section (" +
                    std::to_string(data_size) + " bytes)");
   }
-  auto bytes = TensorBytes(e.dtype, e.shape);
+  auto bytes = base::TensorBytes(e.dtype, e.shape);
   if (!bytes.ok()) return AsCorruption(r.context(), bytes.status());
   if (e.end - e.begin != *bytes) {
-    return r.Error(offsets + " do not match shape " + ShapeToString(e.shape) + " x " +
-                   std::string(DTypeName(e.dtype)) + " = " + std::to_string(*bytes) + " bytes");
+    return r.Error(offsets + " do not match shape " + base::ShapeToString(e.shape) + " x " +
+                   std::string(base::DTypeName(e.dtype)) + " = " + std::to_string(*bytes) + " bytes");
   }
   return Status::Ok();
 }
@@ -60,7 +60,7 @@ Result<TensorEntry> ParseEntry(std::string_view file, const std::string& name,
   TensorEntry e;
   e.name = name;
   ASSIGN_OR_RETURN(std::string dtype, r.String("dtype"));
-  auto parsed_dtype = ParseDType(dtype);
+  auto parsed_dtype = base::ParseDType(dtype);
   if (!parsed_dtype.ok()) return AsCorruption(context, parsed_dtype.status());
   e.dtype = *parsed_dtype;
   ASSIGN_OR_RETURN(e.shape, r.U64Array("shape"));
@@ -113,7 +113,7 @@ std::string JsonString(std::string_view s) {
 
 std::string EntryJson(const TensorEntry& t) {
   Json entry = Json::object();
-  entry["dtype"] = std::string(DTypeName(t.dtype));
+  entry["dtype"] = std::string(base::DTypeName(t.dtype));
   entry["shape"] = t.shape;
   entry["data_offsets"] = Json::array({t.begin, t.end});
   return entry.dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -152,12 +152,12 @@ Status CheckSpecs(std::span<const TensorSpec> specs) {
     if (!names.insert(spec.name).second) {
       return InvalidArgumentError(context + " appears twice");
     }
-    auto bytes = TensorBytes(spec.dtype, spec.shape);
+    auto bytes = base::TensorBytes(spec.dtype, spec.shape);
     if (!bytes.ok()) return bytes.status().WithContext(context);
     if (*bytes != spec.bytes) {
       return InvalidArgumentError(context + ": bytes " + std::to_string(spec.bytes) +
-                                  " do not match shape " + ShapeToString(spec.shape) + " x " +
-                                  std::string(DTypeName(spec.dtype)) + " = " +
+                                  " do not match shape " + base::ShapeToString(spec.shape) + " x " +
+                                  std::string(base::DTypeName(spec.dtype)) + " = " +
                                   std::to_string(*bytes) + " bytes");
     }
   }
@@ -172,7 +172,7 @@ std::string ShardName(std::string_view name_prefix, size_t index) {
 
 Status CheckPlanArgs(std::span<const TensorSpec> specs, uint64_t shard_size, size_t align,
                      std::string_view name_prefix) {
-  if (shard_size == 0 || shard_size > kMaxTensorBytes) {
+  if (shard_size == 0 || shard_size > base::kMaxTensorBytes) {
     return InvalidArgumentError("shard_size " + std::to_string(shard_size) +
                                 " is outside [1, 2^50]");
   }

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "ckptio/status.h"
-#include "format/dtype.h"
+#include "base/dtype.h"
 
 namespace ckptio::format {
 
@@ -97,7 +97,7 @@ struct PlannedShard {
 // data starts at a multiple of align (align >= 1). Shards are named
 // name_prefix + 5-digit index + ".safetensors". No specs, no shards.
 // InvalidArgument for an invalid or duplicate name, bytes != shape x dtype
-// size, shard_size outside [1, kMaxTensorBytes], align outside [1, 1 MiB], a
+// size, shard_size outside [1, base::kMaxTensorBytes], align outside [1, 1 MiB], a
 // name_prefix that does not make plain file names, or a shard header
 // over kMaxHeaderBytes.
 Result<std::vector<PlannedShard>> PlanShards(std::span<const TensorSpec> specs,

@@ -9,18 +9,14 @@
 #include <string>
 #include <string_view>
 
+#include "base/text.h"
 #include "ckptio/status.h"
 
 namespace ckptio::format {
 
-// Returns s as a JSON string literal for an error message: quoted, control
-// characters escaped, invalid UTF-8 replaced, cut after 120 bytes ("...").
-// Hostile names must not be able to forge or flood a log line.
-std::string Quoted(std::string_view s);
-
-// True iff s is well-formed UTF-8 (no overlongs, surrogates or code points
-// past U+10FFFF): JSON text must be, so every name we serialize must be.
-bool IsValidUtf8(std::string_view s);
+// Quoting and UTF-8 checks of outside text live in the base layer.
+using base::IsValidUtf8;
+using base::Quoted;
 
 // A tensor name is a key in two JSON documents and may become a path when a
 // tool extracts tensors, so: non-empty, valid UTF-8, no NUL, not absolute,

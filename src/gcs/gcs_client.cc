@@ -8,7 +8,7 @@
 #include "gcs/gcs_url.h"
 #include "gcs/retry.h"
 #include "runtime/io_ops.h"
-#include "runtime/redact.h"
+#include "base/redact.h"
 
 namespace ckptio::gcs {
 namespace {
@@ -151,7 +151,7 @@ Task<Status> GcsClient::Authorize(http::Request* r) {
 std::vector<std::string> GcsClient::Secrets() const {
   std::vector<std::string> out = auth_.Secrets();
   for (const auto& [name, value] : options_.headers) {
-    if (runtime::LooksLikeCredential(value)) out.push_back(value);
+    if (base::LooksLikeCredential(value)) out.push_back(value);
   }
   return out;
 }

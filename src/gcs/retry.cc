@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "runtime/redact.h"
+#include "base/redact.h"
 
 namespace ckptio::gcs {
 namespace {
@@ -18,12 +18,12 @@ std::string ServerMessage(const http::Response& r, std::span<const std::string> 
   if (j.is_object() && j.contains("error")) {
     const auto& e = j["error"];
     if (e.is_object() && e.contains("message") && e["message"].is_string()) {
-      return runtime::RedactCredentials(e["message"].get<std::string>(), secrets);
+      return base::RedactCredentials(e["message"].get<std::string>(), secrets);
     }
-    if (e.is_string()) return runtime::RedactCredentials(e.get<std::string>(), secrets);
+    if (e.is_string()) return base::RedactCredentials(e.get<std::string>(), secrets);
   }
   std::string body =
-      runtime::RedactCredentials(std::string_view(r.body).substr(0, 200 + 4096), secrets).substr(0, 200);
+      base::RedactCredentials(std::string_view(r.body).substr(0, 200 + 4096), secrets).substr(0, 200);
   for (char& c : body) {
     if (c == '\n' || c == '\r') c = ' ';
   }

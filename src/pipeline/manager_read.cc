@@ -139,9 +139,9 @@ Task<Status> ManagerImpl::RestoreIntoTask(int64_t step, std::span<const MutableT
     const format::ManifestTensor& t = c.manifest.tensors[index];
     if (t.dtype != want.dtype || t.shape != want.shape) {
       co_return InvalidArgumentError("tensor \"" + want.name + "\": the buffer is " +
-                                     std::string(format::DTypeName(want.dtype)) + format::ShapeToString(want.shape) +
+                                     std::string(base::DTypeName(want.dtype)) + base::ShapeToString(want.shape) +
                                      " but step " + std::to_string(step) + " holds " +
-                                     std::string(format::DTypeName(t.dtype)) + format::ShapeToString(t.shape));
+                                     std::string(base::DTypeName(t.dtype)) + base::ShapeToString(t.shape));
     }
     if (t.bytes > 0 && want.data == nullptr) {
       co_return InvalidArgumentError("tensor \"" + want.name + "\": destination buffer is null");

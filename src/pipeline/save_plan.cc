@@ -19,7 +19,7 @@ Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, cons
   plan.specs.reserve(tensors.size());
   plan.sources.reserve(tensors.size());
   for (const TensorRef& t : tensors) {
-    auto bytes = format::TensorBytes(t.dtype, t.shape);
+    auto bytes = base::TensorBytes(t.dtype, t.shape);
     if (!bytes.ok()) return bytes.status().WithContext("tensor \"" + t.name + "\"");
     if (*bytes > 0 && t.data == nullptr) {
       return InvalidArgumentError("tensor \"" + t.name + "\": data is null but it holds " +

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "ckptio/status.h"
-#include "runtime/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace ckptio::pipeline {
 
@@ -33,7 +33,7 @@ class SigtermWatcher {
   void Main();
 
   std::function<void()> on_sigterm_;
-  runtime::UniqueFd fd_;
+  base::UniqueFd fd_;
   struct sigaction previous_ {};
   bool restored_ = false;
   std::thread thread_;

@@ -31,12 +31,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "base/unique_fd.h"
 #include "ckptio/status.h"
 #include "ckptio/sync_wait.h"
 #include "ckptio/task.h"
-#include "runtime/unique_fd.h"
 
 namespace ckptio::runtime {
+
+using base::UniqueFd;
 
 // An operation in the ring. The loop calls complete(self, res, cqe_flags) on
 // the loop thread when its CQE arrives. REQUIRES: the object stays alive until

@@ -18,7 +18,7 @@
 #include "runtime/cpu_pool.h"
 #include "runtime/io_ops.h"
 #include "runtime/loop.h"
-#include "runtime/unique_fd.h"
+#include "base/unique_fd.h"
 #include "storage/direct_plan.h"
 #include "storage/local_storage.h"
 
@@ -26,7 +26,7 @@ namespace ckptio::storage::local {
 
 using runtime::File;
 using runtime::Loop;
-using runtime::UniqueFd;
+using base::UniqueFd;
 
 constexpr size_t kDirectAlign = kDirectBlock;
 

@@ -61,7 +61,7 @@ TensorEntry Entry(std::string name, DType dtype, std::vector<uint64_t> shape, ui
   TensorEntry e{std::move(name), dtype, std::move(shape), begin, 0};
   uint64_t elements = 1;
   for (uint64_t d : e.shape) elements *= d;
-  e.end = begin + elements * DTypeSize(dtype);
+  e.end = begin + elements * base::DTypeSize(dtype);
   return e;
 }
 
@@ -70,8 +70,8 @@ TensorEntry Entry(std::string name, DType dtype, std::vector<uint64_t> shape, ui
 TEST_CASE("a header with one tensor of every dtype parses back to the same entries") {
   std::vector<TensorEntry> tensors;
   uint64_t offset = 0;
-  for (DType dtype : AllDTypes()) {
-    tensors.push_back(Entry("t_" + std::string(DTypeName(dtype)), dtype, {2, 3}, offset));
+  for (DType dtype : base::AllDTypes()) {
+    tensors.push_back(Entry("t_" + std::string(base::DTypeName(dtype)), dtype, {2, 3}, offset));
     offset = tensors.back().end;
   }
   const std::string file = MakeFile(tensors);

@@ -168,7 +168,7 @@ TEST_CASE("an unsafe tensor name is refused") {
 
 TEST_CASE("a zero or huge shard size is refused") {
   CHECK(PlanShards(std::vector{U8("a", 1)}, 0, 1).status().message() == "shard_size 0 is outside [1, 2^50]");
-  CHECK_FALSE(PlanShards(std::vector{U8("a", 1)}, kMaxTensorBytes + 1, 1).ok());
+  CHECK_FALSE(PlanShards(std::vector{U8("a", 1)}, base::kMaxTensorBytes + 1, 1).ok());
 }
 
 TEST_CASE("a zero or huge alignment is refused") {

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <unordered_set>
 
-#include "format/dtype.h"
+#include "base/dtype.h"
 #include "format/manifest.h"
 #include "format/validate.h"
 #include "fuzz_check.h"
@@ -70,7 +70,7 @@ void CheckManifest(const Manifest& m) {
     FUZZ_CHECK(!__builtin_add_overflow(t.offset, t.bytes, &end), what);
     FUZZ_CHECK(end <= shard.bytes, what + " ends at " + std::to_string(end) + " past shard " +
                                        std::to_string(shard.bytes));
-    auto bytes = format::TensorBytes(t.dtype, t.shape);
+    auto bytes = base::TensorBytes(t.dtype, t.shape);
     FUZZ_CHECK_OK(bytes, what);
     FUZZ_CHECK(*bytes == t.bytes, what);
   }

@@ -15,7 +15,7 @@
 #include <string>
 #include <unordered_set>
 
-#include "format/dtype.h"
+#include "base/dtype.h"
 #include "format/safetensors.h"
 #include "format/validate.h"
 #include "fuzz_check.h"
@@ -58,13 +58,13 @@ void CheckHeader(const SafetensorsHeader& h, uint64_t header_bytes, uint64_t fil
     FUZZ_CHECK(t.name != "__metadata__", what);
     FUZZ_CHECK(format::IsValidUtf8(t.name), what);
     FUZZ_CHECK_OK(format::CheckTensorName(t.name), what);
-    FUZZ_CHECK(format::DTypeSize(t.dtype) != 0, what);
+    FUZZ_CHECK(base::DTypeSize(t.dtype) != 0, what);
     // The bytes [data_start + begin, data_start + end) lie inside the file.
     FUZZ_CHECK(t.begin <= t.end && t.end <= data_size, what);
     uint64_t abs_end = 0;
     FUZZ_CHECK(!__builtin_add_overflow(h.data_start, t.end, &abs_end) && abs_end <= file_size,
                what);
-    auto bytes = format::TensorBytes(t.dtype, t.shape);
+    auto bytes = base::TensorBytes(t.dtype, t.shape);
     FUZZ_CHECK_OK(bytes, what);
     FUZZ_CHECK(*bytes == t.end - t.begin, what);
     // Sorted by begin and tiling the data section: no hole, no overlap.

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "ckptio/checkpoint_manager.h"
-#include "format/dtype.h"
+#include "base/dtype.h"
 #include "test_util.h"
 
 namespace ckptio {

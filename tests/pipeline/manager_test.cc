@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptio/checkpoint_manager.h"
-#include "format/dtype.h"
+#include "base/dtype.h"
 #include "storage/local_storage.h"
 #include "test_util.h"
 
@@ -110,7 +110,7 @@ struct OwnedTensor {
 };
 
 OwnedTensor MakeTensor(std::string name, DType dtype, std::vector<uint64_t> shape, int64_t step) {
-  uint64_t n = format::TensorBytes(dtype, shape).value();
+  uint64_t n = base::TensorBytes(dtype, shape).value();
   OwnedTensor t{std::move(name), dtype, std::move(shape), Bytes(n)};
   std::mt19937_64 rng(std::hash<std::string>{}(t.name) ^ static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull);
   for (auto& b : t.bytes) b = static_cast<std::byte>(rng());
@@ -154,8 +154,8 @@ TEST_CASE("every dtype round-trips bit-exact") {
   TempDir dir;
   auto m = OpenOrDie(dir.path(), SmallOptions());
   std::vector<OwnedTensor> ts;
-  for (DType d : format::AllDTypes()) {
-    ts.push_back(MakeTensor(std::string(format::DTypeName(d)), d, {3, 5, 7}, 1));
+  for (DType d : base::AllDTypes()) {
+    ts.push_back(MakeTensor(std::string(base::DTypeName(d)), d, {3, 5, 7}, 1));
   }
   auto refs = Refs(ts);
   auto h = m->Save(1, refs, R"({"epoch": 3, "note": "all dtypes"})");

@@ -1,10 +1,10 @@
-#include "runtime/redact.h"
+#include "base/redact.h"
 
 #include <algorithm>
 #include <cctype>
 #include <vector>
 
-namespace ckptio::runtime {
+namespace ckptio::base {
 namespace {
 
 // RFC 7235 token68, the alphabet of bearer tokens, base64 and JWTs.
@@ -103,4 +103,4 @@ std::string RedactCredentials(std::string_view text, std::span<const std::string
   return out;
 }
 
-}  // namespace ckptio::runtime
+}  // namespace ckptio::base

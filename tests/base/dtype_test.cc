@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "format/dtype.h"
+#include "base/dtype.h"
 
-namespace ckptio::format {
+namespace ckptio::base {
 namespace {
 
 using Shape = std::vector<uint64_t>;
@@ -115,4 +115,4 @@ TEST_CASE("shapes print as bracketed lists and long ones are cut short") {
 }
 
 }  // namespace
-}  // namespace ckptio::format
+}  // namespace ckptio::base

@@ -5,7 +5,7 @@
 
 #include <utility>
 
-namespace ckptio::runtime {
+namespace ckptio::base {
 
 class UniqueFd {
  public:
@@ -33,4 +33,4 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-}  // namespace ckptio::runtime
+}  // namespace ckptio::base

@@ -1,10 +1,10 @@
-#include "format/dtype.h"
+#include "base/dtype.h"
 
 #include <array>
 
-#include "format/validate.h"
+#include "base/text.h"
 
-namespace ckptio::format {
+namespace ckptio::base {
 namespace {
 
 // A hostile shape may have millions of dimensions; messages show the first few.
@@ -104,4 +104,4 @@ std::string ShapeToString(std::span<const uint64_t> shape) {
   return out;
 }
 
-}  // namespace ckptio::format
+}  // namespace ckptio::base

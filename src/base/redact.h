@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-namespace ckptio::runtime {
+namespace ckptio::base {
 
 inline constexpr std::string_view kRedacted = "<redacted>";
 
@@ -30,4 +30,4 @@ bool LooksLikeCredential(std::string_view value);
 // word that starts with "ya29." replaced by "<redacted>".
 std::string RedactCredentials(std::string_view text, std::span<const std::string> known = {});
 
-}  // namespace ckptio::runtime
+}  // namespace ckptio::base

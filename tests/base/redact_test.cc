@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/redact.h"
+#include "base/redact.h"
 
-namespace ckptio::runtime {
+namespace ckptio::base {
 namespace {
 
 bool Contains(const std::string& s, std::string_view what) { return s.find(what) != std::string::npos; }
@@ -56,4 +56,4 @@ TEST_CASE("credential-looking values are recognised, ordinary ones are not") {
 }
 
 }  // namespace
-}  // namespace ckptio::runtime
+}  // namespace ckptio::base

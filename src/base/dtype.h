@@ -11,7 +11,7 @@
 #include "ckptio/dtype.h"
 #include "ckptio/status.h"
 
-namespace ckptio::format {
+namespace ckptio::base {
 
 // The public enum (include/ckptio/dtype.h): callers hand tensors to ckptio
 // with it, and the format layer must not have a second, convertible-by-cast
@@ -46,4 +46,4 @@ Result<uint64_t> TensorBytes(DType dtype, std::span<const uint64_t> shape);
 // "[5, 5]", for error messages.
 std::string ShapeToString(std::span<const uint64_t> shape);
 
-}  // namespace ckptio::format
+}  // namespace ckptio::base
