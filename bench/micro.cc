@@ -30,10 +30,11 @@
 #include <thread>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "bench_util.h"
 #include "ckptio/options.h"
-#include "ckptio/task.h"
-#include "ckptio/when_all.h"
+#include "runtime/task.h"
+#include "runtime/when_all.h"
 #include "format/crc32c.h"
 #include "format/manifest.h"
 #include "pipeline/save_plan.h"

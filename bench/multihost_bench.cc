@@ -18,8 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "bench_util.h"
-#include "ckptio/when_all.h"
+#include "runtime/when_all.h"
 #include "format/crc32c.h"
 #include "format/manifest.h"
 #include "pipeline/fragments.h"

@@ -15,9 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "bench_util.h"
-#include "ckptio/sync_wait.h"
-#include "ckptio/task.h"
+#include "runtime/sync_wait.h"
+#include "runtime/task.h"
 #include "runtime/block_writer.h"
 #include "runtime/io_ops.h"
 #include "runtime/loop.h"

@@ -47,10 +47,11 @@
 #include <thread>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "bench_util.h"
 #include "ckptio/options.h"
-#include "ckptio/task.h"
-#include "ckptio/when_all.h"
+#include "runtime/task.h"
+#include "runtime/when_all.h"
 #include "gcs/auth.h"
 #include "gcs/gcs_client.h"
 #include "http/http_client.h"

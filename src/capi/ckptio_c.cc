@@ -5,6 +5,7 @@
 // exception (std::bad_alloc, a BadResultAccess bug, ...) is caught here, so
 // none ever unwinds into a C caller.
 
+#include "base/status_macros.h"
 #include "ckptio/ckptio.h"
 
 #include <cstring>

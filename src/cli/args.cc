@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "base/status_macros.h"
 #include "config/units.h"
 
 namespace ckptio::cli {

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "ckptio/status.h"
 
 namespace ckptio::cli {

@@ -24,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "base/status_macros.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/demo_state.h"

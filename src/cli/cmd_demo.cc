@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/demo_state.h"

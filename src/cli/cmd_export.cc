@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/files.h"

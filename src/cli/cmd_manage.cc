@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 

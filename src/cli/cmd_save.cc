@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/progress.h"

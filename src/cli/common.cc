@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "base/status_macros.h"
 #include "config/config.h"
 #include "storage/open_storage.h"
 

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <utility>
 
+#include "base/status_macros.h"
 #include "base/unique_fd.h"
 
 namespace ckptio::cli {

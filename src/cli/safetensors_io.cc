@@ -1,6 +1,7 @@
 #include "cli/safetensors_io.h"
 
 #include <nlohmann/json.hpp>
+#include "base/status_macros.h"
 
 namespace ckptio::cli {
 namespace {

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "base/status_macros.h"
 #include "cli/common.h"
 #include "cli/seed_experiment.h"
 #include "cli/trainer_sim.h"

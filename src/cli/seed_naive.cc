@@ -20,6 +20,7 @@
 #include <optional>
 #include <thread>
 
+#include "base/status_macros.h"
 #include "cli/trainer_sim.h"
 #include "format/crc32c.h"
 #include "base/dtype.h"

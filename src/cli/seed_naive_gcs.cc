@@ -14,7 +14,8 @@
 #include <map>
 #include <memory>
 
-#include "ckptio/when_all.h"
+#include "base/status_macros.h"
+#include "runtime/when_all.h"
 #include "cli/seed_naive.h"
 #include "format/crc32c.h"
 #include "base/dtype.h"

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "base/status_macros.h"
 #include "cli/common.h"
 #include "cli/demo_state.h"
 #include "cli/seed_experiment.h"

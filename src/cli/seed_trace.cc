@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "base/status_macros.h"
 #include "cli/seed_report.h"
 
 namespace ckptio::cli {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <thread>
 
+#include "base/status_macros.h"
 #include "format/crc32c.h"
 #include "base/dtype.h"
 

@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "config/knobs.h"
 #include "base/unique_fd.h"
 

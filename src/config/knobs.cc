@@ -5,6 +5,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "base/status_macros.h"
 #include "config/units.h"
 #include "base/redact.h"
 

@@ -4,6 +4,7 @@
 #include <limits>
 #include <unordered_set>
 
+#include "base/status_macros.h"
 #include "format/validate.h"
 
 namespace ckptio::format {

@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "base/status_macros.h"
 #include "format/crc32c.h"
 #include "format/json_reader.h"
 #include "format/validate.h"

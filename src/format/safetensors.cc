@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <unordered_set>
 
+#include "base/status_macros.h"
 #include "format/json_reader.h"
 #include "format/validate.h"
 

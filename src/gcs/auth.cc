@@ -9,6 +9,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "base/status_macros.h"
 #include "gcs/gcs_url.h"
 #include "gcs/retry.h"
 #include "runtime/io_ops.h"

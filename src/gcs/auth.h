@@ -22,7 +22,7 @@
 
 #include "ckptio/options.h"
 #include "ckptio/status.h"
-#include "ckptio/task.h"
+#include "runtime/task.h"
 #include "http/http_client.h"
 #include "runtime/async_sync.h"
 #include "runtime/loop.h"

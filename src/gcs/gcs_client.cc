@@ -4,6 +4,7 @@
 #include <charconv>
 #include <nlohmann/json.hpp>
 
+#include "base/status_macros.h"
 #include "format/crc32c.h"
 #include "gcs/gcs_url.h"
 #include "gcs/retry.h"

@@ -24,7 +24,7 @@
 
 #include "ckptio/options.h"
 #include "ckptio/status.h"
-#include "ckptio/task.h"
+#include "runtime/task.h"
 #include "gcs/auth.h"
 #include "http/http_client.h"
 #include "runtime/async_sync.h"

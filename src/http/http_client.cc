@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "base/status_macros.h"
 #include "runtime/io_ops.h"
 
 namespace ckptio::http {

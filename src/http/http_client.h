@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "ckptio/status.h"
-#include "ckptio/task.h"
+#include "runtime/task.h"
 #include "runtime/loop.h"
 
 namespace ckptio::http {

@@ -3,6 +3,7 @@
 
 #include "ckptio/checkpoint_manager.h"
 
+#include "base/status_macros.h"
 #include "pipeline/manager_impl.h"
 
 namespace ckptio {

@@ -5,7 +5,8 @@
 #include <optional>
 #include <vector>
 
-#include "ckptio/when_all.h"
+#include "base/status_macros.h"
+#include "runtime/when_all.h"
 #include "runtime/io_ops.h"
 
 namespace ckptio::pipeline {

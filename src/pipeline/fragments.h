@@ -8,7 +8,7 @@
 #include <string>
 
 #include "ckptio/status.h"
-#include "ckptio/task.h"
+#include "runtime/task.h"
 #include "format/manifest.h"
 #include "runtime/loop.h"
 #include "storage/storage.h"

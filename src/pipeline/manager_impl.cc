@@ -8,7 +8,8 @@
 #include <map>
 #include <set>
 
-#include "ckptio/when_all.h"
+#include "base/status_macros.h"
+#include "runtime/when_all.h"
 #include "format/crc32c.h"
 #include "format/manifest.h"
 #include "pipeline/reader.h"

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "base/status_macros.h"
 #include "format/manifest.h"
 #include "pipeline/manager_impl.h"
 #include "pipeline/reader.h"

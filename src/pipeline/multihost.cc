@@ -16,7 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ckptio/when_all.h"
+#include "base/status_macros.h"
+#include "runtime/when_all.h"
 #include "format/manifest.h"
 #include "pipeline/fragments.h"
 #include "pipeline/manager_impl.h"

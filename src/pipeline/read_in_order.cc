@@ -11,6 +11,7 @@
 #include <future>
 #include <memory>
 
+#include "base/status_macros.h"
 #include "format/crc32c.h"
 #include "pipeline/manager_impl.h"
 #include "pipeline/reader.h"

@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <memory>
 
-#include "ckptio/when_all.h"
+#include "base/status_macros.h"
+#include "runtime/when_all.h"
 #include "format/crc32c.h"
 
 namespace ckptio::pipeline {

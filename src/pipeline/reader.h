@@ -11,7 +11,7 @@
 
 #include "ckptio/checkpoint_manager.h"
 #include "ckptio/status.h"
-#include "ckptio/task.h"
+#include "runtime/task.h"
 #include "format/manifest.h"
 #include "format/safetensors.h"
 #include "runtime/cpu_pool.h"

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "base/status_macros.h"
 #include "format/crc32c.h"
 #include "pipeline/staging.h"
 

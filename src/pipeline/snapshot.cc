@@ -4,7 +4,7 @@
 #include <cstring>
 #include <thread>
 
-#include "ckptio/when_all.h"
+#include "runtime/when_all.h"
 #include "format/crc32c.h"
 #include "pipeline/stream_copy.h"
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ckptio/task.h"
+#include "runtime/task.h"
 #include "pipeline/save_plan.h"
 #include "runtime/cpu_pool.h"
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "ckptio/when_all.h"
+#include "runtime/when_all.h"
 #include "runtime/io_ops.h"
 
 namespace ckptio::runtime {

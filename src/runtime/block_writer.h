@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "ckptio/status.h"
-#include "ckptio/task.h"
+#include "runtime/task.h"
 #include "runtime/async_sync.h"
 #include "runtime/loop.h"
 

@@ -24,7 +24,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "ckptio/when_all.h"
+#include "runtime/when_all.h"
 #include "runtime/loop.h"
 
 namespace ckptio::runtime {

@@ -31,10 +31,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "base/unique_fd.h"
 #include "ckptio/status.h"
-#include "ckptio/sync_wait.h"
-#include "ckptio/task.h"
+#include "runtime/sync_wait.h"
+#include "runtime/task.h"
 
 namespace ckptio::runtime {
 

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "ckptio/task.h"
+#include "runtime/task.h"
 
 namespace ckptio::runtime {
 namespace detail {

@@ -6,7 +6,8 @@
 #include <set>
 #include <vector>
 
-#include "ckptio/when_all.h"
+#include "base/status_macros.h"
+#include "runtime/when_all.h"
 #include "gcs/auth.h"
 #include "gcs/gcs_client.h"
 #include "gcs/gcs_url.h"

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "runtime/async_sync.h"
 #include "runtime/cpu_pool.h"
 #include "runtime/io_ops.h"

@@ -10,7 +10,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "ckptio/when_all.h"
+#include "base/status_macros.h"
+#include "runtime/when_all.h"
 #include "storage/local_internal.h"
 
 namespace ckptio::storage {

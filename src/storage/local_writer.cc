@@ -6,6 +6,7 @@
 
 #include <cerrno>
 
+#include "base/status_macros.h"
 #include "runtime/block_writer.h"
 #include "storage/local_internal.h"
 

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <climits>
 
+#include "base/status_macros.h"
 #include "gcs/gcs_url.h"
 #include "storage/gcs_storage.h"
 #include "storage/local_storage.h"

@@ -15,7 +15,7 @@
 
 #include "ckptio/options.h"
 #include "ckptio/status.h"
-#include "ckptio/task.h"
+#include "runtime/task.h"
 #include "runtime/cpu_pool.h"
 #include "runtime/loop.h"
 #include "storage/storage.h"

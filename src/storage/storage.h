@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "ckptio/status.h"
-#include "ckptio/task.h"
+#include "runtime/task.h"
 
 namespace ckptio::runtime {
 class AsyncEvent;

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/status_macros.h"
 #include "format/safetensors.h"
 
 namespace ckptio::format {

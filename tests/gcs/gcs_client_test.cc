@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "ckptio/when_all.h"
+#include "runtime/when_all.h"
 #include "format/crc32c.h"
 #include "gcs/auth.h"
 #include "gcs/gcs_client.h"

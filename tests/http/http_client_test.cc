@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "ckptio/when_all.h"
+#include "runtime/when_all.h"
 #include "http/http_client.h"
 #include "runtime/loop.h"
 

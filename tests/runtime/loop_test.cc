@@ -19,8 +19,9 @@
 #include <thread>
 #include <vector>
 
-#include "ckptio/task.h"
-#include "ckptio/when_all.h"
+#include "base/status_macros.h"
+#include "runtime/task.h"
+#include "runtime/when_all.h"
 #include "runtime/async_sync.h"
 #include "runtime/cpu_pool.h"
 #include "runtime/io_ops.h"

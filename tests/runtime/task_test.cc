@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "ckptio/sync_wait.h"
-#include "ckptio/task.h"
-#include "ckptio/when_all.h"
+#include "runtime/sync_wait.h"
+#include "runtime/task.h"
+#include "runtime/when_all.h"
 #include "test_util.h"
 
 namespace ckptio {

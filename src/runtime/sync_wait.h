@@ -16,8 +16,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "ckptio/task.h"
-#include "ckptio/when_all.h"
+#include "runtime/task.h"
+#include "runtime/when_all.h"
 
 namespace ckptio {
 namespace detail {

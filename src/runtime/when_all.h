@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "ckptio/task.h"
+#include "runtime/task.h"
 
 namespace ckptio {
 
