@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -137,19 +138,37 @@ TEST_CASE("a rename that fails while pruning is reported and loses nothing") {
   storage::SetFsObserverForTesting(nullptr);
 }
 
-// Fails every shard write of the steps in `doomed` with ENOSPC.
+// Fails every shard write of the steps in `doomed` with ENOSPC; the writes
+// of step `held` wait until Release(), so that a later save can be admitted
+// before that step fails.
 class FullForSteps final : public storage::FsObserver {
  public:
-  explicit FullForSteps(std::set<int64_t> doomed) : doomed_(std::move(doomed)) {}
+  FullForSteps(std::set<int64_t> doomed, int64_t held) : doomed_(std::move(doomed)), held_(held) {}
   int Inject(Op op, const std::string& path) override {
     std::smatch m;
     static const std::regex kStep("^checkpoint_([0-9]+)\\.tmp-");
-    if (op == Op::kWrite && std::regex_search(path, m, kStep) && doomed_.count(std::stoll(m[1])) != 0) return ENOSPC;
-    return 0;
+    if (op != Op::kWrite || !std::regex_search(path, m, kStep)) return 0;
+    const int64_t step = std::stoll(m[1]);
+    if (step == held_) {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [this] { return released_; });
+    }
+    return doomed_.count(step) != 0 ? ENOSPC : 0;
+  }
+  void Release() {
+    {
+      std::lock_guard lock(mu_);
+      released_ = true;
+    }
+    cv_.notify_all();
   }
 
  private:
   const std::set<int64_t> doomed_;
+  const int64_t held_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool released_ = false;
 };
 
 // The steps named by "cannot save step N" in `message`.
@@ -166,7 +185,7 @@ TEST_CASE("every failed background save is reported once, also when several fail
   // Reported: on a full disk steps 4, 5, 6 and 8 failed and only 4 and 6 were
   // ever raised: 5 failed while 4's error was still pending, and was dropped.
   testing::TempDir dir;
-  FullForSteps disk({4, 5, 6, 8});
+  FullForSteps disk({4, 5, 6, 8}, /*held=*/4);
   storage::SetFsObserverForTesting(&disk);
   struct Uninstall {
     ~Uninstall() { storage::SetFsObserverForTesting(nullptr); }
@@ -190,8 +209,9 @@ TEST_CASE("every failed background save is reported once, also when several fail
     return std::move(h).value();
   };
   for (int64_t step : {1, 2, 3}) REQUIRE(save(step)->Wait().ok());
-  auto h4 = save(4);  // 4 and 5 in flight together: both fail before the next call
+  auto h4 = save(4);  // its writes wait for Release(): 5 is admitted before 4 fails
   auto h5 = save(5);
+  disk.Release();
   REQUIRE(h4.has_value());
   REQUIRE(h5.has_value());
   CHECK(h4->Wait().code() == StatusCode::kNoSpace);
