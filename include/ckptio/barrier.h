@@ -18,18 +18,19 @@
 #include <memory>
 #include <string>
 
+#include "ckptio/export.h"
 #include "ckptio/status.h"
 
 namespace ckptio {
 
-class Barrier {
+class CKPTIO_EXPORT Barrier {
  public:
   virtual ~Barrier() = default;
   virtual Status Wait(const std::string& name, std::chrono::milliseconds timeout) = 0;
 };
 
 // A barrier that calls `fn(name, timeout)`.
-std::shared_ptr<Barrier> CallbackBarrier(
+CKPTIO_EXPORT std::shared_ptr<Barrier> CallbackBarrier(
     std::function<Status(const std::string& name, std::chrono::milliseconds timeout)> fn);
 
 }  // namespace ckptio

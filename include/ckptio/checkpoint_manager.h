@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "ckptio/barrier.h"
+#include "ckptio/export.h"
 #include "ckptio/options.h"
 #include "ckptio/status.h"
 #include "ckptio/tensor.h"
@@ -48,7 +49,7 @@ struct SaveTimings {
 };
 
 // The caller's view of one save. Copyable; all copies share the state.
-class SaveHandle {
+class CKPTIO_EXPORT SaveHandle {
  public:
   SaveHandle() = default;
   explicit SaveHandle(std::shared_ptr<pipeline::SaveState> state) : state_(std::move(state)) {}
@@ -122,7 +123,7 @@ struct ManagerStats {
   uint64_t storage_retries = 0;  // requests retried after a transient failure (GCS)
 };
 
-class CheckpointManager {
+class CKPTIO_EXPORT CheckpointManager {
  public:
   // Opens the checkpoint root for writing: a directory path (created if
   // needed) or a file:// URL. Takes the root's writer lock (an error names

@@ -14,6 +14,8 @@
 #include <string_view>
 #include <utility>
 
+#include "ckptio/export.h"
+
 namespace ckptio {
 
 enum class StatusCode : uint8_t {
@@ -35,9 +37,9 @@ enum class StatusCode : uint8_t {
 };
 
 // Short stable name of a code, e.g. "NoSpace".
-const char* StatusCodeName(StatusCode code);
+CKPTIO_EXPORT const char* StatusCodeName(StatusCode code);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] CKPTIO_EXPORT Status {
  public:
   Status() = default;
   Status(StatusCode code, std::string message, int sys_errno = 0)
@@ -70,27 +72,27 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-Status InvalidArgumentError(std::string message);
-Status NotFoundError(std::string message);
-Status AlreadyExistsError(std::string message);
-Status FailedPreconditionError(std::string message);
-Status CorruptionError(std::string message);
-Status IoError(std::string message);
-Status UnavailableError(std::string message);
-Status DeadlineExceededError(std::string message);
-Status CancelledError(std::string message);
-Status ResourceExhaustedError(std::string message);
-Status UnimplementedError(std::string message);
-Status InternalError(std::string message);
+CKPTIO_EXPORT Status InvalidArgumentError(std::string message);
+CKPTIO_EXPORT Status NotFoundError(std::string message);
+CKPTIO_EXPORT Status AlreadyExistsError(std::string message);
+CKPTIO_EXPORT Status FailedPreconditionError(std::string message);
+CKPTIO_EXPORT Status CorruptionError(std::string message);
+CKPTIO_EXPORT Status IoError(std::string message);
+CKPTIO_EXPORT Status UnavailableError(std::string message);
+CKPTIO_EXPORT Status DeadlineExceededError(std::string message);
+CKPTIO_EXPORT Status CancelledError(std::string message);
+CKPTIO_EXPORT Status ResourceExhaustedError(std::string message);
+CKPTIO_EXPORT Status UnimplementedError(std::string message);
+CKPTIO_EXPORT Status InternalError(std::string message);
 
 // The one place errno becomes a Status. `err` is a positive errno (a negative
 // one, as io_uring returns it, is accepted too). Message: "<what> <path>:
 // <strerror>", or "<what>: <strerror>" when path is empty.
-Status ErrnoToStatus(int err, std::string_view what, std::string_view path = {});
+CKPTIO_EXPORT Status ErrnoToStatus(int err, std::string_view what, std::string_view path = {});
 
 // Thrown by Result<T>::value() on an error: reading a value that is not there
 // is a bug, not an expected failure.
-class BadResultAccess : public std::logic_error {
+class CKPTIO_EXPORT BadResultAccess : public std::logic_error {
  public:
   explicit BadResultAccess(const Status& s)
       : std::logic_error("Result holds no value: " + s.ToString()) {}

@@ -15,32 +15,16 @@
 #include <string>
 #include <string_view>
 
+#include "ckptio/config.h"
 #include "ckptio/options.h"
 #include "ckptio/status.h"
 #include "config/units.h"  // ParseSize, ParseDuration, FormatSize, FormatDuration
 
 namespace ckptio::config {
 
-// The environment variable naming a config file when no path is given.
-inline constexpr const char* kConfigEnvVar = "CKPTIO_CONFIG";
-
-// Defaults overridden by what `text` sets, then validated. `source` names the
-// text in error messages (normally the file's path).
-Result<Options> ParseConfig(std::string_view text, std::string_view source);
-
-// Reads and parses the file. A file that cannot be read is an error naming
-// the path and the errno text, with the errno's code (NotFound,
-// PermissionDenied, ...) rather than InvalidArgument.
-Result<Options> LoadConfigFile(const std::string& path);
-
-// `path_or_empty` if not empty, else the file named by $CKPTIO_CONFIG if set
-// and not empty, else the defaults.
-Result<Options> LoadConfig(const std::string& path_or_empty);
-
-// The rules ParseConfig applies after parsing (ranges, multiples, allowed
-// strings, backoff ordering), for Options filled in code. Message:
-// `key "io.block_size": must be a multiple of 4KiB (...), got 1000B`.
-Status ValidateOptions(const Options& options);
+// LoadConfig, LoadConfigFile, ParseConfig and ValidateOptions are public:
+// include/ckptio/config.h.
+inline constexpr const char* kConfigEnvVar = kConfigEnv;
 
 // Every knob with its default and a `// description` line, as a config file
 // that ParseConfig accepts and that yields Options{}. Printed by
