@@ -287,6 +287,47 @@ Task<Result<ObjectMeta>> GcsClient::UploadOnce(std::string bucket, std::string n
   co_return meta;
 }
 
+// A resumable upload in progress: the session and what the server has.
+struct GcsClient::ResumableUpload {
+  ResumableUpload(std::string b, std::string n, const UploadSource* s, const Options::Gcs::Retry& retry)
+      : bucket(std::move(b)), name(std::move(n)), what("upload " + GsUrl(bucket, name)), source(s),
+        backoff(retry) {}
+  const std::string bucket;
+  const std::string name;
+  const std::string what;
+  const UploadSource* source;
+  Backoff backoff;
+  std::string session;     // the session URI; empty: none yet
+  uint64_t committed = 0;  // bytes the server has persisted
+  uint64_t sent_end = 0;   // end of what has been sent (a resend counts as such)
+  uint64_t reported = 0;   // acknowledged bytes added to source->progress so far
+  bool refreshed = false;  // the token was refreshed once after a 401
+  Result<http::Response> resp = UnavailableError("no request sent");  // the last answer
+  Outcome failure;         // the last answer, classified
+
+  // source->progress may be shared by several uploads: add what is new.
+  void Report(uint64_t acknowledged) {
+    if (source->progress == nullptr || acknowledged <= reported) return;
+    source->progress->fetch_add(acknowledged - reported, std::memory_order_relaxed);
+    reported = acknowledged;
+  }
+};
+
+// The resumable-upload protocol, one state at a time:
+//   kSession  POST ...?uploadType=resumable -> the session URI      -> kSend from 0
+//   kSend     PUT the chunk at `committed`:  308 + Range          -> kSend from there
+//                                            200/201              -> kDone
+//                                            failure              -> kRecover
+//   kRecover  after a failure: a 401 refreshes the token (once);
+//             404/410 (the session expired or vanished)           -> kSession
+//             retryable: back off (or give up)                    -> kQuery
+//             anything else                                       -> the error
+//   kQuery    PUT bytes */total: what has the server persisted?
+//                                            308 + Range          -> kSend (only what is missing)
+//                                            200/201              -> kDone (the last chunk landed)
+//                                            failure              -> kRecover
+//   kDone     the object resource: size and CRC32C must be ours (an answer
+//             that says 200 but is broken is settled by what the bucket holds)
 Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name, const UploadSource* source) {
   const uint64_t chunk = std::max(kChunkQuantum, options_.chunk_size / kChunkQuantum * kChunkQuantum);
   // What fits one chunk goes in one request: a resumable session would cost
@@ -295,77 +336,76 @@ Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name,
   if (source->size > 0 && source->size <= chunk) {
     co_return co_await UploadOnce(std::move(bucket), std::move(name), source);
   }
-  const std::string what = "upload " + GsUrl(bucket, name);
-  Backoff backoff(options_.retry);
-  std::string session;
-  uint64_t committed = 0;  // bytes the server has persisted
-  uint64_t sent_end = 0;   // end of what we have sent so far
-  bool refreshed = false;
-  // source->progress may be shared by several uploads: add what is new.
-  uint64_t reported = 0;
-  auto report = [source, &reported](uint64_t acknowledged) {
-    if (source->progress == nullptr || acknowledged <= reported) return;
-    source->progress->fetch_add(acknowledged - reported, std::memory_order_relaxed);
-    reported = acknowledged;
-  };
-  for (;;) {
-    if (session.empty()) {
-      CO_ASSIGN_OR_RETURN(session, co_await StartSession(bucket, name, source, what));
-      committed = 0;
-    }
-    // Send from `committed` until done or a failure.
-    Outcome failure;
-    Result<http::Response> resp = UnavailableError("no request sent");
-    for (;;) {
-      uint64_t len = std::min(chunk, source->size - committed);
-      bool last = committed + len == source->size;
-      if (last && source->crc_ready != nullptr) co_await source->crc_ready->Wait();
-      if (committed < sent_end) stats_.bytes_resent += std::min(sent_end, committed + len) - committed;
-      resp = co_await SendChunk(session, source, committed, len, last);
-      sent_end = std::max(sent_end, committed + len);
-      failure = Classify(resp, what, Secrets());
-      if (!failure.status.ok()) break;
-      if (resp->status != 308) break;  // 200/201: the object exists
-      committed = CommittedBytes(*resp);
-      report(committed);
-    }
-    // Either finished, or failed: query the session to learn what it has.
-    while (failure.status.ok() == false) {
-      if (failure.unauthorized && !refreshed) {
-        auth_.Invalidate();
-        refreshed = true;
-      } else if (resp.ok() && (resp->status == 404 || resp->status == 410)) {
-        ++stats_.sessions_restarted;  // the session expired or vanished: start over
-        session.clear();
+  ResumableUpload u(std::move(bucket), std::move(name), source, options_.retry);
+  using State = UploadState;
+  State state = State::kSession;
+  while (state != State::kDone) {
+    switch (state) {
+      case State::kSession: {
+        CO_ASSIGN_OR_RETURN(u.session, co_await StartSession(u.bucket, u.name, source, u.what));
+        u.committed = 0;
+        state = State::kSend;
         break;
-      } else {
-        std::chrono::milliseconds delay{0};
-        if (!failure.retryable) co_return failure.status;
-        if (!backoff.Next(&delay)) co_return GaveUp(std::move(failure.status), backoff);
-        ++stats_.retries;
-        Status slept = co_await loop_.Sleep(delay);
-        slept.IgnoreError();
       }
-      resp = co_await QuerySession(session, source->size);
-      failure = Classify(resp, what, Secrets());
-      if (failure.status.ok() && resp->status == 308) {
-        committed = CommittedBytes(*resp);
-        break;  // resend from there
+      case State::kSend: {
+        const uint64_t len = std::min(chunk, source->size - u.committed);
+        const bool last = u.committed + len == source->size;
+        if (last && source->crc_ready != nullptr) co_await source->crc_ready->Wait();  // sent with the last bytes
+        if (u.committed < u.sent_end) stats_.bytes_resent += std::min(u.sent_end, u.committed + len) - u.committed;
+        u.resp = co_await SendChunk(u.session, source, u.committed, len, last);
+        u.sent_end = std::max(u.sent_end, u.committed + len);
+        state = AfterAnswer(&u);
+        break;
       }
+      case State::kRecover: {
+        if (u.failure.unauthorized && !u.refreshed) {
+          auth_.Invalidate();
+          u.refreshed = true;
+          state = State::kQuery;
+        } else if (u.resp.ok() && (u.resp->status == 404 || u.resp->status == 410)) {
+          ++stats_.sessions_restarted;  // the session expired or vanished: start over
+          u.session.clear();
+          state = State::kSession;
+        } else {
+          std::chrono::milliseconds delay{0};
+          if (!u.failure.retryable) co_return u.failure.status;
+          if (!u.backoff.Next(&delay)) co_return GaveUp(std::move(u.failure.status), u.backoff);
+          ++stats_.retries;
+          Status slept = co_await loop_.Sleep(delay);
+          slept.IgnoreError();
+          state = State::kQuery;
+        }
+        break;
+      }
+      case State::kQuery: {
+        u.resp = co_await QuerySession(u.session, source->size);
+        state = AfterAnswer(&u);
+        break;
+      }
+      case State::kDone:
+        break;
     }
-    if (session.empty() || (resp.ok() && resp->status == 308)) continue;
-    // 200/201: done. Check the server's CRC32C against ours; an answer that
-    // says so but is broken is settled by what the bucket holds.
-    Result<ObjectMeta> parsed = ParseObjectBody(*resp, what);
-    if (!parsed.ok()) {
-      const std::optional<uint32_t> crc = SourceCrc(source);
-      parsed = co_await ConfirmStored(bucket, name, source->size, crc, what);
-    }
-    CO_ASSIGN_OR_RETURN(ObjectMeta meta, std::move(parsed));
-    CO_TRY(CheckStored(meta, source, what));
-    report(source->size);
-    co_return meta;
   }
+  Result<ObjectMeta> parsed = ParseObjectBody(*u.resp, u.what);
+  if (!parsed.ok()) {
+    const std::optional<uint32_t> crc = SourceCrc(source);
+    parsed = co_await ConfirmStored(u.bucket, u.name, source->size, crc, u.what);
+  }
+  CO_ASSIGN_OR_RETURN(ObjectMeta meta, std::move(parsed));
+  CO_TRY(CheckStored(meta, source, u.what));
+  u.Report(source->size);
+  co_return meta;
+}
+
+// What a chunk's or a query's answer leads to: 308 -> send from what the
+// server has; 200/201 -> done; anything else -> recover.
+GcsClient::UploadState GcsClient::AfterAnswer(ResumableUpload* u) {
+  u->failure = Classify(u->resp, u->what, Secrets());
+  if (!u->failure.status.ok()) return UploadState::kRecover;
+  if (u->resp->status != 308) return UploadState::kDone;
+  u->committed = CommittedBytes(*u->resp);
+  u->Report(u->committed);
+  return UploadState::kSend;
 }
 
 Task<Result<ObjectMeta>> GcsClient::UploadSmall(std::string bucket, std::string name, std::string body,

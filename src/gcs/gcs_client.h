@@ -98,6 +98,10 @@ class GcsClient {
   const std::string& endpoint() const { return endpoint_; }
 
  private:
+  // A resumable upload's states and progress (Upload, gcs_client.cc).
+  enum class UploadState { kSession, kSend, kRecover, kQuery, kDone };
+  struct ResumableUpload;
+  UploadState AfterAnswer(ResumableUpload* u);
   using Clock = std::chrono::steady_clock;
   // Sends a request built by `make` with retries; `what` names it in errors.
   // With `until` (a metadata operation: list, stat, delete, small reads and
