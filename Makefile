@@ -139,8 +139,8 @@ bench: build venv venv-bench
 	step $(PYTHON) bench/first_save_bench.py --python-path $(BUILD)/python > bench/results/first_save.md; \
 	step $(PYTHON) bench/export_bench.py --ckptio $(BUILD)/src/cli/ckptio --python-path $(BUILD)/python \
 	  > bench/results/export.md; \
-	CKPTIO=$(BUILD)/src/cli/ckptio step bench/seed_experiment --only local --saves 10 --out bench/results; \
-	CKPTIO=$(BUILD)/src/cli/ckptio step bench/seed_experiment --only gcs --modes blocking,ckptio,ckptio-borrow --saves 6 \
+	SEED=$(BUILD)/bench/seed/ckptio-seed step bench/seed_experiment --only local --saves 10 --out bench/results; \
+	SEED=$(BUILD)/bench/seed/ckptio-seed step bench/seed_experiment --only gcs --modes blocking,ckptio,ckptio-borrow --saves 6 \
 	  --out bench/results; \
 	step $(VENV_BENCH)/bin/python bench/tools_compare.py --saves 5 --gcs-saves 3 --ckptio-python $(BUILD)/python \
 	  --ckptio-bin $(BUILD)/src/cli/ckptio --out bench/results/tools.md > /dev/null; \

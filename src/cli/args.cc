@@ -31,8 +31,9 @@ Result<int64_t> ParseInt(std::string_view text) {
   return v;
 }
 
-ArgParser::ArgParser(std::string command, std::string synopsis, std::string summary)
-    : command_(std::move(command)), synopsis_(std::move(synopsis)), summary_(std::move(summary)) {
+ArgParser::ArgParser(std::string command, std::string synopsis, std::string summary, std::string program)
+    : command_(std::move(command)), program_(std::move(program)), synopsis_(std::move(synopsis)),
+      summary_(std::move(summary)) {
   Flag(kConfigFlag, "FILE", "config file (default: $CKPTIO_CONFIG, else built-in defaults)");
 }
 
@@ -59,7 +60,9 @@ const ArgParser::FlagSpec* ArgParser::FindFlag(std::string_view name) const {
 }
 
 Status ArgParser::Error(const std::string& what) const {
-  return InvalidArgumentError(command_ + ": " + what + " (see: ckptio " + command_ + " --help)");
+  const std::string invoked = command_.empty() ? program_ : program_ + " " + command_;
+  return InvalidArgumentError((command_.empty() ? program_ : command_) + ": " + what + " (see: " + invoked +
+                              " --help)");
 }
 
 // Consumes the flag at argv[*i] (and its value), advancing *i past it.
@@ -123,7 +126,7 @@ Result<Args> ArgParser::Parse(std::span<const std::string> argv) const {
 }
 
 std::string ArgParser::Usage() const {
-  std::string u = "ckptio " + command_;
+  std::string u = command_.empty() ? program_ : program_ + " " + command_;
   if (!synopsis_.empty()) u += " " + synopsis_;
   for (const FlagSpec& f : flags_) {
     if (f.required()) u += " " + f.Spelling() + (f.repeated() ? "..." : "");

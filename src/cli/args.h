@@ -34,7 +34,9 @@ class ArgParser {
  public:
   // `command` as typed after `ckptio` ("ls", "config"); `synopsis` the
   // positionals as the usage line shows them ("ROOT", "defaults|show").
-  ArgParser(std::string command, std::string synopsis, std::string summary);
+  // `program`: the executable, for a program of its own (bench/seed's
+  // "ckptio-seed", with an empty `command`).
+  ArgParser(std::string command, std::string synopsis, std::string summary, std::string program = "ckptio");
 
   // How often a flag may or must appear.
   enum class Arity {
@@ -79,6 +81,7 @@ class ArgParser {
   Status TakeFlag(std::span<const std::string> argv, size_t* i, Args* out) const;
 
   std::string command_;
+  std::string program_;
   std::string synopsis_;
   std::string summary_;
   std::vector<FlagSpec> flags_;

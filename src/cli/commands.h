@@ -18,7 +18,6 @@ int RunExport(CommandArgs argv);
 int RunRm(CommandArgs argv);
 int RunPrune(CommandArgs argv);
 int RunConfig(CommandArgs argv);
-int RunBench(CommandArgs argv);
 
 struct Command {
   const char* name;

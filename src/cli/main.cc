@@ -25,8 +25,6 @@ constexpr Command kCommands[] = {
     {"rm", "delete one committed checkpoint", RunRm},
     {"prune", "delete all but the newest K checkpoints", RunPrune},
     {"config", "print the default or the effective config (defaults | show)", RunConfig},
-    {"bench", "benchmarks: `bench seed` reproduces the original experiment (blocking, naive threads, ckptio)",
-     RunBench},
 };
 
 void PrintTopHelp(std::FILE* out) {

@@ -1,4 +1,4 @@
-#include "cli/svg_timeline.h"
+#include "seed/svg_timeline.h"
 
 #include <algorithm>
 #include <cmath>

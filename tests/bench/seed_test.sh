@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quick end-to-end runs of `ckptio bench seed` (the original experiment,
+# Quick end-to-end runs of ckptio-seed (bench/seed: the original experiment,
 # reproduced) on the local disk and on the GCS emulator behind the shaping
 # proxy (tests/gcs/with_gcs.py): each exits 0, prints the table with the
 # four modes (ckptio-borrow: the double-buffered trainer whose saves borrow
@@ -8,10 +8,11 @@
 # snapshot, write and commit tracks) and an SVG that is well-formed XML.
 # No assertion on times: tests never assert on wall time.
 #
-#   tests/cli/seed_test.sh path/to/ckptio
+#   tests/bench/seed_test.sh path/to/ckptio path/to/ckptio-seed
 set -euo pipefail
 
-CKPTIO=$(realpath "${1:?usage: seed_test.sh path/to/ckptio}")
+CKPTIO=$(realpath "${1:?usage: seed_test.sh path/to/ckptio path/to/ckptio-seed}")
+SEED=$(realpath "${2:?usage: seed_test.sh path/to/ckptio path/to/ckptio-seed}")
 T=$(mktemp -d "${TMPDIR:-/tmp}/ckptio-seed-test.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 unset CKPTIO_CONFIG
@@ -25,12 +26,12 @@ check() { # check NAME COMMAND...
 }
 
 RC=0
-"$CKPTIO" bench seed --state-size 32MiB --saves 4 --compute 0.2s --dest "$T/dest" --out "$T/out" \
+"$SEED" --state-size 32MiB --saves 4 --compute 0.2s --dest "$T/dest" --out "$T/out" \
   >"$T/stdout" 2>"$T/stderr" || RC=$?
 if [ "$RC" != 0 ]; then
-  echo "ckptio bench seed exited with $RC"; sed 's/^/  /' "$T/stdout" "$T/stderr" | tail -40
+  echo "ckptio-seed exited with $RC"; sed 's/^/  /' "$T/stdout" "$T/stderr" | tail -40
 fi
-check "bench seed exits 0" test "$RC" = 0
+check "ckptio-seed exits 0" test "$RC" = 0
 check "no sanitizer report" bash -c "! grep -qE 'Sanitizer|runtime error:' '$T/stderr'"
 for mode in blocking naive ckptio ckptio-borrow; do
   check "the table has a $mode row" grep -qE "^\| $mode \| [0-9.]+ s \|" "$T/stdout"
@@ -118,13 +119,13 @@ check "the report states the memcpy limit" grep -qE '^- the limit: a warm memcpy
 
 # --dir (the name `ckptio demo` uses) works as --dest; --cleanup removes what the runs wrote.
 RC=0
-"$CKPTIO" bench seed --state-size 4MiB --saves 2 --compute 0.05s --keep 1 --modes ckptio,naive --dir "$T/dir" \
+"$SEED" --state-size 4MiB --saves 2 --compute 0.05s --keep 1 --modes ckptio,naive --dir "$T/dir" \
   --out "$T/out2" --cleanup >"$T/stdout2" 2>"$T/stderr2" || RC=$?
 check "--dir works as --dest" test "$RC" = 0
 check "with --keep 1 ckptio kept 1 good checkpoint" grep -qE '^\| ckptio \|.*\| 1/1 ok \|$' "$T/stdout2"
 check "--cleanup leaves no checkpoint behind" bash -c "[ -z \"\$(find '$T/dir' -name 'checkpoint_*' 2>/dev/null)\" ]"
 RC=0
-"$CKPTIO" bench seed --dir "$T/a" --dest "$T/b" >"$T/stdout" 2>"$T/stderr" || RC=$?
+"$SEED" --dir "$T/a" --dest "$T/b" >"$T/stdout" 2>"$T/stderr" || RC=$?
 check "--dir and --dest together are a usage error" test "$RC" = 1
 
 # The GCS emulator behind the shaping proxy, as bench/seed_experiment runs it.
@@ -133,15 +134,15 @@ RC=0
 python3 "$WITH_GCS" --quiet -- bash -c '
   set -euo pipefail
   curl -sSf -XPOST "$CKPTIO_TEST_PROXY/__proxy/settings" -d "{\"latency_ms\": 20, \"bandwidth_bytes_per_s\": 200000000}" >/dev/null
-  "$1" bench seed --state-size 8MiB --saves 4 --compute 0.1s --dest "gs://$CKPTIO_TEST_BUCKET/seed" --out "$2/gcs" >"$2/gcs.stdout"
-  "$1" verify "gs://$CKPTIO_TEST_BUCKET/seed/ckptio" >"$2/gcs.verify"
-  "$1" ls "gs://$CKPTIO_TEST_BUCKET/seed/ckptio" >"$2/gcs.ls"
-  "$1" verify "gs://$CKPTIO_TEST_BUCKET/seed/ckptio-borrow" >"$2/gcs-borrow.verify"' \
-  seed "$CKPTIO" "$T" >"$T/gcs.log" 2>&1 || RC=$?
+  "$1" --state-size 8MiB --saves 4 --compute 0.1s --dest "gs://$CKPTIO_TEST_BUCKET/seed" --out "$2/gcs" >"$2/gcs.stdout"
+  "$3" verify "gs://$CKPTIO_TEST_BUCKET/seed/ckptio" >"$2/gcs.verify"
+  "$3" ls "gs://$CKPTIO_TEST_BUCKET/seed/ckptio" >"$2/gcs.ls"
+  "$3" verify "gs://$CKPTIO_TEST_BUCKET/seed/ckptio-borrow" >"$2/gcs-borrow.verify"' \
+  seed "$SEED" "$T" "$CKPTIO" >"$T/gcs.log" 2>&1 || RC=$?
 if [ "$RC" != 0 ]; then
   echo "the GCS run exited with $RC"; sed 's/^/  /' "$T/gcs.log" | tail -40
 fi
-check "bench seed on the GCS emulator exits 0" test "$RC" = 0
+check "ckptio-seed on the GCS emulator exits 0" test "$RC" = 0
 for mode in blocking naive ckptio ckptio-borrow; do
   check "the GCS table has a $mode row" grep -qE "^\| $mode \| [0-9.]+ s \|" "$T/gcs.stdout"
 done
@@ -169,9 +170,13 @@ check "the GCS SVG is well-formed XML" python3 -c 'import xml.dom.minidom as m, 
   "$T/gcs/seed_gcs_timeline.svg"
 
 RC=0
-"$CKPTIO" bench nosuch >"$T/stdout" 2>"$T/stderr" || RC=$?
-check "an unknown benchmark is a usage error" test "$RC" = 1
-check "which names the benchmarks there are" grep -q 'there is: seed' "$T/stderr"
+"$SEED" --modes nosuch >"$T/stdout" 2>"$T/stderr" || RC=$?
+check "an unknown mode is a usage error naming the modes there are" \
+  bash -c "[ $RC = 1 ] && grep -q 'blocking, naive, ckptio and ckptio-borrow' '$T/stderr'"
+RC=0
+"$CKPTIO" bench seed >"$T/stdout" 2>"$T/stderr" || RC=$?
+check "the shipped CLI has no bench command (it is bench/seed's ckptio-seed)" \
+  bash -c "[ $RC = 1 ] && grep -q 'unknown command \"bench\"' '$T/stderr'"
 
 echo "seed: $passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -11,7 +11,7 @@
 
 #include "base/status_macros.h"
 #include "cli/common.h"
-#include "cli/seed_experiment.h"
+#include "seed/seed_experiment.h"
 #include "cli/trainer_sim.h"
 #include "format/crc32c.h"
 #include "base/dtype.h"

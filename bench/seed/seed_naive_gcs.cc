@@ -16,7 +16,7 @@
 
 #include "base/status_macros.h"
 #include "runtime/when_all.h"
-#include "cli/seed_naive.h"
+#include "seed/seed_naive.h"
 #include "format/crc32c.h"
 #include "base/dtype.h"
 #include "gcs/auth.h"

@@ -1,4 +1,4 @@
-#include "cli/seed_trace.h"
+#include "seed/seed_trace.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "base/status_macros.h"
-#include "cli/seed_report.h"
+#include "seed/seed_report.h"
 
 namespace ckptio::cli {
 namespace {

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "ckptio/status.h"
-#include "cli/seed_experiment.h"
-#include "cli/svg_timeline.h"
+#include "seed/seed_experiment.h"
+#include "seed/svg_timeline.h"
 
 namespace ckptio::cli {
 

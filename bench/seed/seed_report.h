@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/seed_experiment.h"
+#include "seed/seed_experiment.h"
 
 namespace ckptio::cli {
 

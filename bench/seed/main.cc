@@ -1,7 +1,11 @@
-// ckptio bench seed [--state-size 1GiB] [--saves 20] [--compute 2s]
-//                   [--dest DIR|gs://bucket/prefix] [--keep 3]
-//                   [--modes blocking,naive,ckptio,ckptio-borrow]
-//                   [--out bench/results]
+// ckptio-seed [--state-size 1GiB] [--saves 20] [--compute 2s]
+//             [--dest DIR|gs://bucket/prefix] [--keep 3]
+//             [--modes blocking,naive,ckptio,ckptio-borrow]
+//             [--out bench/results] [--config FILE]
+//
+// A benchmark program of its own (build/bench/seed/ckptio-seed; it was
+// `ckptio bench seed`): the shipped CLI holds only users' commands. It
+// shares the demo's trainer with `ckptio demo` (src/cli/trainer_sim.h).
 //
 // The experiment that started the project, reproduced at this machine's
 // scale (see seed_experiment.h): prints the original report's table and
@@ -24,20 +28,27 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
+
 #include "base/status_macros.h"
-#include "cli/commands.h"
+#include "ckptio/config.h"
+#include "cli/args.h"
 #include "cli/common.h"
 #include "cli/demo_state.h"
-#include "cli/seed_experiment.h"
-#include "cli/seed_report.h"
-#include "cli/seed_trace.h"
-#include "cli/svg_timeline.h"
+#include "seed/seed_experiment.h"
+#include "seed/seed_report.h"
+#include "seed/seed_trace.h"
+#include "seed/svg_timeline.h"
 #include "cli/trainer_sim.h"
 #include "base/dtype.h"
 #include "format/safetensors.h"
 
 namespace ckptio::cli {
 namespace {
+
+using CommandArgs = std::span<const std::string>;
 
 using std::chrono::nanoseconds;
 
@@ -85,19 +96,45 @@ Result<uint64_t> BorrowStagingMemory(const DemoState& state, const Options& o) {
   return std::max<uint64_t>(kMiB, (bytes + kMiB - 1) / kMiB * kMiB);
 }
 
+// The dotted keys ("gcs.chunk_size") the config file sets, whatever their
+// values: a user's explicit setting is never overridden, even one equal to
+// the default.
+Result<std::set<std::string>> KeysSet(const Args& args) {
+  std::string path = args.Get("config").value_or("");
+  if (path.empty()) {
+    const char* env = std::getenv(config::kConfigEnv);
+    path = env != nullptr ? env : "";
+  }
+  std::set<std::string> keys;
+  if (path.empty()) return keys;
+  std::ifstream in(path);
+  if (!in) return ErrnoToStatus(errno, "cannot read the config", path);
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  std::vector<std::pair<std::string, const nlohmann::json*>> todo = {{"", &doc}};
+  while (!todo.empty()) {
+    auto [prefix, node] = todo.back();
+    todo.pop_back();
+    if (!node->is_object()) continue;
+    for (const auto& [key, value] : node->items()) {
+      keys.insert(prefix + key);
+      todo.emplace_back(prefix + key + ".", &value);
+    }
+  }
+  return keys;
+}
+
 // Knobs the flags leave open, chosen for the experiment unless the config
-// file set them (a field equal to its default counts as not set).
-void TuneOptions(SeedConfig* c) {
-  const Options defaults;
+// file set them.
+void TuneOptions(SeedConfig* c, const std::set<std::string>& set) {
   Options& o = c->options;
-  if (o.staging_memory == defaults.staging_memory) o.staging_memory = 2 * c->state_size + kStagingSlack;
+  if (set.count("staging_memory") == 0) o.staging_memory = 2 * c->state_size + kStagingSlack;
   if (!c->gcs()) return;
   // The emulator keeps objects in Python memory and appends each chunk by
   // copying the object so far: one request per object is far cheaper, and
   // objects small enough that many upload at once hide the per-request
   // latency (measured: see the notes of bench/results/seed_gcs.md).
-  if (o.shard_size == defaults.shard_size) o.shard_size = uint64_t{32} << 20;
-  if (o.gcs.chunk_size == defaults.gcs.chunk_size) o.gcs.chunk_size = uint64_t{32} << 20;
+  if (set.count("shard_size") == 0) o.shard_size = uint64_t{32} << 20;
+  if (set.count("gcs.chunk_size") == 0) o.gcs.chunk_size = uint64_t{32} << 20;
 }
 
 Result<SeedConfig> ParseSeedArgs(const Args& args) {
@@ -123,7 +160,8 @@ Result<SeedConfig> ParseSeedArgs(const Args& args) {
   if (auto modes = args.Get("modes")) {
     ASSIGN_OR_RETURN(c.modes, ParseModes(*modes));
   }
-  TuneOptions(&c);
+  ASSIGN_OR_RETURN(std::set<std::string> set, KeysSet(args));
+  TuneOptions(&c, set);
   return c;
 }
 
@@ -268,25 +306,23 @@ Status RunSeed(SeedConfig c, const std::string& command) {
 }
 
 std::string CommandLine(CommandArgs argv) {
-  std::string out = "ckptio bench";
+  std::string out = "ckptio-seed";
   for (const std::string& a : argv) out += " " + a;
   return out;
 }
 
-}  // namespace
-
-int RunBench(CommandArgs argv) {
-  ArgParser parser("bench", "seed",
-                   "Benchmarks. `seed`: the experiment that started ckptio, at this machine's scale: a trainer\n"
-                   "with a --state-size state computes --compute, then saves, --saves times, keeping --keep,\n"
-                   "with blocking saves, a naive thread per save, ckptio (copy snapshot) and ckptio-borrow\n"
-                   "(a JAX-like double-buffered trainer whose saves borrow the state: no copy). Prints the\n"
-                   "original report's table (total, blocked, overhead vs pure compute, speedup) and what each\n"
-                   "mode got wrong; writes OUT/seed_<local|gcs>.md, Chrome traces of the manager runs\n"
-                   "(_trace.json, _blocking_trace.json, _borrow_trace.json) and an SVG timeline of all runs\n"
-                   "(_timeline.svg).");
-  parser.Positional("BENCH", "the benchmark: seed")
-      .Flag("state-size", "SIZE", "bytes of trainer state, e.g. 256MiB (default 1GiB)")
+int Main(CommandArgs argv) {
+  ArgParser parser("", "",
+                   "The experiment that started ckptio, at this machine's scale: a trainer with a --state-size\n"
+                   "state computes --compute, then saves, --saves times, keeping --keep, with blocking saves, a\n"
+                   "naive thread per save, ckptio (copy snapshot) and ckptio-borrow (a JAX-like double-buffered\n"
+                   "trainer whose saves borrow the state: no copy). Prints the original report's table (total,\n"
+                   "blocked, overhead vs pure compute, speedup) and what each mode got wrong; writes\n"
+                   "OUT/seed_<local|gcs>.md, Chrome traces of the manager runs (_trace.json,\n"
+                   "_blocking_trace.json, _borrow_trace.json) and an SVG timeline of all runs (_timeline.svg).\n"
+                   "Knobs a --config file sets are used as given; others are tuned for the experiment.",
+                   "ckptio-seed");
+  parser.Flag("state-size", "SIZE", "bytes of trainer state, e.g. 256MiB (default 1GiB)")
       .Flag("saves", "N", "saves per mode (default 20)")
       .Flag("compute", "DURATION", "busy work before each save, e.g. 500ms (default 2s)")
       .Flag("dest", "DIR|gs://BUCKET/PREFIX", "where the runs write, each under DEST/<mode> (default ./ckptio-seed)")
@@ -299,12 +335,20 @@ int RunBench(CommandArgs argv) {
       .Switch("cleanup", "delete each mode's checkpoints once audited");
   Args args;
   if (auto rc = ParseOrExit(parser, argv, &args)) return *rc;
-  if (args.positional(0) != "seed") {
-    return Report(InvalidArgumentError("bench: unknown benchmark \"" + args.positional(0) + "\" (there is: seed)"));
-  }
   auto config = ParseSeedArgs(args);
   if (!config.ok()) return Report(config.status());
   return Report(RunSeed(*config, CommandLine(argv)));
 }
 
+}  // namespace
 }  // namespace ckptio::cli
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    return ckptio::cli::Main(args);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ckptio-seed: internal error: %s\n", e.what());
+    return ckptio::cli::kExitFailure;
+  }
+}

@@ -21,7 +21,7 @@
 
 #include "ckptio/options.h"
 #include "ckptio/tensor.h"
-#include "cli/seed_experiment.h"
+#include "seed/seed_experiment.h"
 
 namespace ckptio::cli::naive {
 

@@ -1,7 +1,7 @@
 // The naive mode of `ckptio bench seed` (see seed_naive.h): the saver that
 // spawns a thread per save, the local-disk thread body, and its audit.
 
-#include "cli/seed_naive.h"
+#include "seed/seed_naive.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "cli/seed_report.h"
+#include "seed/seed_report.h"
 
 #include <algorithm>
 #include <cstdarg>

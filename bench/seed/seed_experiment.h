@@ -37,7 +37,7 @@
 #include "ckptio/options.h"
 #include "ckptio/status.h"
 #include "ckptio/tensor.h"
-#include "cli/svg_timeline.h"
+#include "seed/svg_timeline.h"
 
 namespace ckptio::cli {
 

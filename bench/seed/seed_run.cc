@@ -7,8 +7,8 @@
 #include "base/status_macros.h"
 #include "cli/common.h"
 #include "cli/demo_state.h"
-#include "cli/seed_experiment.h"
-#include "cli/seed_trace.h"
+#include "seed/seed_experiment.h"
+#include "seed/seed_trace.h"
 #include "cli/trainer_sim.h"
 
 namespace ckptio::cli {
