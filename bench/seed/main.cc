@@ -244,7 +244,9 @@ std::string Markdown(const SeedConfig& c, const std::vector<ModeResult>& results
     md += "\n## " + std::string(SeedModeName(r.mode)) +
           ": what the final wait waited for (from its trace; times from the start of WaitUntilFinished)\n\n" + table;
   }
-  md += "\nTimeline: seed_" + c.backend() + "_timeline.svg; Chrome traces (Perfetto, chrome://tracing):";
+  md += "\nWritten by the run next to this report, not kept in git (`make bench` makes them; "
+        "bench/results/example-trace.json is a small one): timeline seed_" + c.backend() +
+        "_timeline.svg; Chrome traces (Perfetto, chrome://tracing):";
   const char* sep = " ";
   for (const ModeResult& r : results) {
     if (r.mode == SeedMode::kNaive) continue;
