@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/status_macros.h"  // ckptio::internal::AsStatus
 #include "ckptio/status.h"
 
 namespace ckptio::fuzz {
