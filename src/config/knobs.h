@@ -143,4 +143,8 @@ bool IsSecretHeader(std::string_view name);
 // random token: base::LooksLikeCredential), whatever the name.
 bool IsSecretValue(std::string_view name, std::string_view value);
 
+// The rule every gcs.headers map obeys: valid HTTP names, no CR, LF or NUL in
+// values, none of the headers the upload protocol sets, no name twice.
+Status CheckHeaders(const std::map<std::string, std::string>& headers);
+
 }  // namespace ckptio::config
