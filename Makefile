@@ -43,8 +43,11 @@ deps:
 # The build is always configured with the venv's Python, so the Python module (build/python) is
 # built whichever of demo, build or test ran first. A build dir configured otherwise (by an
 # older checkout) is reconfigured once: the stamp records the interpreter it was given.
+# -O2 with line tables only (-g1): backtraces and perf keep file and line; full debug info
+# (-g) made this build 30% slower to compile. `meson configure build -Dcpp_args=` for -g.
 $(BUILD)/build.ninja: | $(VENV)/.build-installed
-	meson setup $(BUILD) --buildtype=debugoptimized -Dpython_interpreter=$(CURDIR)/$(PYTHON)
+	meson setup $(BUILD) --buildtype=debugoptimized -Dcpp_args=-g1 \
+	  -Dpython_interpreter=$(CURDIR)/$(PYTHON)
 
 $(BUILD)/.python-configured: $(VENV)/.build-installed | $(BUILD)/build.ninja
 	meson configure $(BUILD) -Dpython_interpreter=$(CURDIR)/$(PYTHON)
@@ -58,8 +61,10 @@ $(ASAN_BUILD)/build.ninja:
 	meson setup $(ASAN_BUILD) --buildtype=debug -Doptimization=0 -Db_sanitize=address,undefined \
 	  -Db_lundef=false -Dcpp_args='-fno-sanitize-recover=undefined -g1' -Dbench=disabled
 
+# ThreadSanitizer at -O1 with line tables (-g1), what its documentation recommends for speed.
 $(TSAN_BUILD)/build.ninja:
-	meson setup $(TSAN_BUILD) --buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false -Dbench=disabled
+	meson setup $(TSAN_BUILD) --buildtype=debug -Doptimization=1 -Dcpp_args=-g1 -Db_sanitize=thread \
+	  -Db_lundef=false -Dbench=disabled
 
 $(FUZZ_BUILD)/build.ninja:
 	CXX=clang++ meson setup $(FUZZ_BUILD) tests/fuzz
@@ -95,13 +100,16 @@ demo: build
 
 test: venv build build-asan build-tsan build-fuzz
 	@rc=0; \
-	meson test -C $(BUILD) --print-errorlogs --num-processes 2 || rc=1; \
-	meson test -C $(ASAN_BUILD) --print-errorlogs --num-processes 2 || rc=1; \
-	meson test -C $(TSAN_BUILD) --no-rebuild --print-errorlogs --num-processes 2 $(TSAN_TESTS) || rc=1; \
-	CKPTIO_BIN=$(BUILD)/src/cli/ckptio $(PYTHON) -m pytest -q tests/integration tests/gcs tests/python \
-	  --junitxml=$(BUILD)/pytest.xml -p no:cacheprovider || rc=1; \
-	tests/fuzz/run.sh --build $(FUZZ_BUILD) --seconds $(FUZZ_TEST_SECONDS) \
-	  --junit $(FUZZ_BUILD)/fuzz.xml || rc=1; \
+	step() { local name=$$1 t=$$SECONDS; shift; "$$@" || rc=1; \
+	  echo "make test: $$name took $$((SECONDS - t)) s" >&2; }; \
+	step "$(BUILD) tests" meson test -C $(BUILD) --print-errorlogs --num-processes 2; \
+	step "$(ASAN_BUILD) tests" meson test -C $(ASAN_BUILD) --print-errorlogs --num-processes 2; \
+	step "$(TSAN_BUILD) tests" meson test -C $(TSAN_BUILD) --no-rebuild --print-errorlogs --num-processes 2 \
+	  $(TSAN_TESTS); \
+	step "python tests" env CKPTIO_BIN=$(BUILD)/src/cli/ckptio $(PYTHON) -m pytest -q tests/integration \
+	  tests/gcs tests/python --junitxml=$(BUILD)/pytest.xml -p no:cacheprovider; \
+	step "fuzz" tests/fuzz/run.sh --build $(FUZZ_BUILD) --seconds $(FUZZ_TEST_SECONDS) \
+	  --junit $(FUZZ_BUILD)/fuzz.xml; \
 	python3 tests/tools/summarize.py $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) --junit $(BUILD)/pytest.xml \
 	  --junit $(FUZZ_BUILD)/fuzz.xml || rc=1; \
 	exit $$rc
