@@ -98,16 +98,25 @@ build-fuzz: deps $(FUZZ_BUILD)/build.ninja
 demo: build
 	$(BUILD)/src/cli/ckptio demo $(DEMO_ARGS)
 
-test: venv build build-asan build-tsan build-fuzz
+# The sanitizer and fuzz builds compile in the background, at a lower priority (nice), while
+# build/'s tests and the Python tests run: those wait on processes, disks and sockets more than
+# they compute, and the compilers take the CPU they leave. Then the sanitizer tests and the fuzz run.
+test: venv build $(ASAN_BUILD)/build.ninja $(TSAN_BUILD)/build.ninja $(FUZZ_BUILD)/build.ninja
 	@rc=0; \
 	step() { local name=$$1 t=$$SECONDS; shift; "$$@" || rc=1; \
 	  echo "make test: $$name took $$((SECONDS - t)) s" >&2; }; \
+	log=$(BUILD)/sanitizer-builds.log; \
+	echo "make test: building $(ASAN_BUILD), $(TSAN_BUILD) and $(FUZZ_BUILD) in the background (log: $$log)" >&2; \
+	( set -e; nice -n 10 ninja -C $(ASAN_BUILD); nice -n 10 ninja -C $(TSAN_BUILD) $(TSAN_TARGETS); \
+	  nice -n 10 ninja -C $(FUZZ_BUILD) ) > $$log 2>&1 & bg=$$!; t0=$$SECONDS; \
 	step "$(BUILD) tests" meson test -C $(BUILD) --print-errorlogs --num-processes 2; \
+	step "python tests" env CKPTIO_BIN=$(BUILD)/src/cli/ckptio $(PYTHON) -m pytest -q tests/integration \
+	  tests/gcs tests/python --junitxml=$(BUILD)/pytest.xml -p no:cacheprovider; \
+	if ! wait $$bg; then rc=1; echo "make test: a sanitizer or fuzz build failed:" >&2; tail -n 60 $$log >&2; fi; \
+	echo "make test: the background builds were done $$((SECONDS - t0)) s after they started" >&2; \
 	step "$(ASAN_BUILD) tests" meson test -C $(ASAN_BUILD) --print-errorlogs --num-processes 2; \
 	step "$(TSAN_BUILD) tests" meson test -C $(TSAN_BUILD) --no-rebuild --print-errorlogs --num-processes 2 \
 	  $(TSAN_TESTS); \
-	step "python tests" env CKPTIO_BIN=$(BUILD)/src/cli/ckptio $(PYTHON) -m pytest -q tests/integration \
-	  tests/gcs tests/python --junitxml=$(BUILD)/pytest.xml -p no:cacheprovider; \
 	step "fuzz" tests/fuzz/run.sh --build $(FUZZ_BUILD) --seconds $(FUZZ_TEST_SECONDS) \
 	  --junit $(FUZZ_BUILD)/fuzz.xml; \
 	python3 tests/tools/summarize.py $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) --junit $(BUILD)/pytest.xml \
