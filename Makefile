@@ -2,9 +2,10 @@
 # configures meson on first use, builds, and runs.
 #
 #   make demo    the main job (DEMO_ARGS="..." to pass flags)
-#   make test    the whole suite: normal build, ASan/UBSan build, ThreadSanitizer build of the
-#                runtime/HTTP/pipeline tests, Python tests, the fuzz targets' regression cases
-#                and a FUZZ_TEST_SECONDS (30 s) fuzz run of each; ends with "N passed, N failed"
+#   make test    the whole suite: the integration and Python tests on the normal build, every
+#                doctest program on the ASan/UBSan build, the threaded ones on a ThreadSanitizer
+#                build, the fuzz targets' regression cases and a FUZZ_TEST_SECONDS (30 s) fuzz
+#                run of each; ends with "N passed, N failed"
 #   make fuzz    the long fuzz run: each target for FUZZ_SECONDS (3600), in parallel
 #                (tests/fuzz/README.md)
 #   make test-tsan  only the ThreadSanitizer part
@@ -45,8 +46,10 @@ deps:
 # older checkout) is reconfigured once: the stamp records the interpreter it was given.
 # -O2 with line tables only (-g1): backtraces and perf keep file and line; full debug info
 # (-g) made this build 30% slower to compile. `meson configure build -Dcpp_args=` for -g.
+# Without the doctest programs (-Dunit_tests=false): they run in the ASan/UBSan build (and
+# the threaded ones under TSan); build/ runs the integration tests and the Python tests.
 $(BUILD)/build.ninja: | $(VENV)/.build-installed
-	meson setup $(BUILD) --buildtype=debugoptimized -Dcpp_args=-g1 \
+	meson setup $(BUILD) --buildtype=debugoptimized -Dcpp_args=-g1 -Dunit_tests=false \
 	  -Dpython_interpreter=$(CURDIR)/$(PYTHON)
 
 $(BUILD)/.python-configured: $(VENV)/.build-installed | $(BUILD)/build.ninja
