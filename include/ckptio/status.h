@@ -132,5 +132,4 @@ class [[nodiscard]] Result {
   Status status_;
 };
 
-
 }  // namespace ckptio

@@ -320,11 +320,11 @@ Result<Options> LoadConfigFile(const std::string& path) {
 
 Result<Options> LoadConfig(const std::string& path_or_empty) {
   if (!path_or_empty.empty()) return LoadConfigFile(path_or_empty);
-  const char* from_env = std::getenv(kConfigEnvVar);
+  const char* from_env = std::getenv(kConfigEnv);
   if (from_env == nullptr || *from_env == '\0') return Options{};
   Result<Options> options = LoadConfigFile(from_env);
   if (!options.ok()) {
-    return options.status().WithContext(std::string("file named by $") + kConfigEnvVar);
+    return options.status().WithContext(std::string("file named by $") + kConfigEnv);
   }
   return options;
 }

@@ -22,9 +22,8 @@
 
 namespace ckptio::config {
 
-// LoadConfig, LoadConfigFile, ParseConfig and ValidateOptions are public:
-// include/ckptio/config.h.
-inline constexpr const char* kConfigEnvVar = kConfigEnv;
+// LoadConfig, LoadConfigFile, ParseConfig, ValidateOptions and kConfigEnv are
+// public: include/ckptio/config.h.
 
 // Every knob with its default and a `// description` line, as a config file
 // that ParseConfig accepts and that yields Options{}. Printed by

@@ -74,7 +74,7 @@ class GcsClient {
 
   // An object of any size: one request when it fits a chunk, else a
   // resumable upload in chunks. (Here and in UploadSmall, a success whose
-  // answer is broken is settled by ConfirmStored.)
+  // answer is broken is settled by StoredObject.)
   Task<Result<ObjectMeta>> Upload(std::string bucket, std::string name, const UploadSource* source);
   // A small object in one request; if_generation_match=0 makes it fail with
   // AlreadyExists if the object exists (the commit of a manifest).
@@ -121,12 +121,14 @@ class GcsClient {
   Task<Result<http::Response>> SendChunk(const std::string& session, const UploadSource* source,
                                          uint64_t offset, uint64_t len, bool last);
   Task<Result<http::Response>> QuerySession(const std::string& session, uint64_t total);
-  // After a 2xx that completes an upload but whose body is not an object
-  // resource (a stream broken after the server committed): the object is
-  // ours iff the bucket holds `size` bytes with CRC32C `crc` (when known)
-  // under `name`. Its metadata if so; else an error that says what is there.
-  Task<Result<ObjectMeta>> ConfirmStored(std::string bucket, std::string name, uint64_t size,
-                                         std::optional<uint32_t> crc, std::string what);
+  // The object that `answer`, a 2xx completing an upload, describes. When
+  // its body is not an object resource (a stream broken after the server
+  // committed), the object is ours iff the bucket holds `size` bytes with
+  // CRC32C `crc` (when known) under `name`: its metadata if so, else an error
+  // that says what is there. `answer` is read before the first suspension
+  // (callers await this in the same full expression).
+  Task<Result<ObjectMeta>> StoredObject(const http::Response* answer, std::string bucket, std::string name,
+                                        uint64_t size, std::optional<uint32_t> crc, std::string what);
   Task<Status> Authorize(http::Request* r);
   // What the requests carry that no error may show: the tokens, and the
   // configured header values that look like credentials.

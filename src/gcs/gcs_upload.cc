@@ -116,8 +116,11 @@ Task<Result<http::Response>> GcsClient::QuerySession(const std::string& session,
   co_return co_await http_.Send(std::move(r));
 }
 
-Task<Result<ObjectMeta>> GcsClient::ConfirmStored(std::string bucket, std::string name, uint64_t size,
-                                                  std::optional<uint32_t> crc, std::string what) {
+Task<Result<ObjectMeta>> GcsClient::StoredObject(const http::Response* answer, std::string bucket,
+                                                 std::string name, uint64_t size, std::optional<uint32_t> crc,
+                                                 std::string what) {
+  Result<ObjectMeta> parsed = ParseObjectBody(*answer, what);
+  if (parsed.ok()) co_return parsed;
   const std::string url = GsUrl(bucket, name);
   const std::string broken = what + ": the server answered with success, but its answer is not an object resource";
   auto meta = co_await Stat(bucket, name);
@@ -153,12 +156,8 @@ Task<Result<ObjectMeta>> GcsClient::UploadOnce(std::string bucket, std::string n
   stats_.bytes_uploaded += source->size;
   CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make, std::nullopt));  // data: bounded by stalls
   if (source->crc_ready != nullptr) co_await source->crc_ready->Wait();
-  Result<ObjectMeta> parsed = ParseObjectBody(resp, what);
-  if (!parsed.ok()) {
-    const std::optional<uint32_t> crc = SourceCrc(source);
-    parsed = co_await ConfirmStored(bucket, name, source->size, crc, what);
-  }
-  CO_ASSIGN_OR_RETURN(ObjectMeta meta, std::move(parsed));
+  CO_ASSIGN_OR_RETURN(ObjectMeta meta,
+                      co_await StoredObject(&resp, bucket, name, source->size, SourceCrc(source), what));
   CO_TRY(CheckStored(meta, source, what));
   if (source->progress != nullptr) source->progress->fetch_add(source->size, std::memory_order_relaxed);
   co_return meta;
@@ -263,12 +262,8 @@ Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name,
         break;
     }
   }
-  Result<ObjectMeta> parsed = ParseObjectBody(*u.resp, u.what);
-  if (!parsed.ok()) {
-    const std::optional<uint32_t> crc = SourceCrc(source);
-    parsed = co_await ConfirmStored(u.bucket, u.name, source->size, crc, u.what);
-  }
-  CO_ASSIGN_OR_RETURN(ObjectMeta meta, std::move(parsed));
+  CO_ASSIGN_OR_RETURN(ObjectMeta meta,
+                      co_await StoredObject(&*u.resp, u.bucket, u.name, source->size, SourceCrc(source), u.what));
   CO_TRY(CheckStored(meta, source, u.what));
   u.Report(source->size);
   co_return meta;
@@ -311,13 +306,7 @@ Task<Result<ObjectMeta>> GcsClient::UploadSmall(std::string bucket, std::string 
     if (meta.ok() && meta->crc32c == crc && meta->size == body.size()) co_return meta;
   }
   if (!resp.ok()) co_return resp.status();
-  Result<ObjectMeta> parsed = ParseObjectBody(*resp, what);
-  if (!parsed.ok()) {
-    // Committed, but the answer is broken: ours if the bytes are.
-    const std::optional<uint32_t> known_crc = crc;
-    parsed = co_await ConfirmStored(bucket, name, body.size(), known_crc, what);
-  }
-  co_return parsed;
+  co_return co_await StoredObject(&*resp, bucket, name, body.size(), crc, what);
 }
 
 }  // namespace ckptio::gcs
