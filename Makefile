@@ -110,8 +110,7 @@ test: venv build $(ASAN_BUILD)/build.ninja $(TSAN_BUILD)/build.ninja $(FUZZ_BUIL
 	  echo "make test: $$name took $$((SECONDS - t)) s" >&2; }; \
 	log=$(BUILD)/sanitizer-builds.log; \
 	echo "make test: building $(ASAN_BUILD), $(TSAN_BUILD) and $(FUZZ_BUILD) in the background (log: $$log)" >&2; \
-	( set -e; nice -n 10 ninja -C $(ASAN_BUILD); nice -n 10 ninja -C $(TSAN_BUILD) $(TSAN_TARGETS); \
-	  nice -n 10 ninja -C $(FUZZ_BUILD) ) > $$log 2>&1 & bg=$$!; t0=$$SECONDS; \
+	nice -n 10 $(MAKE) --no-print-directory build-asan build-tsan build-fuzz > $$log 2>&1 & bg=$$!; t0=$$SECONDS; \
 	step "$(BUILD) tests" meson test -C $(BUILD) --print-errorlogs --num-processes 2; \
 	step "python tests" env CKPTIO_BIN=$(BUILD)/src/cli/ckptio $(PYTHON) -m pytest -q tests/integration \
 	  tests/gcs tests/python --junitxml=$(BUILD)/pytest.xml -p no:cacheprovider; \

@@ -12,19 +12,7 @@
 set -uo pipefail
 
 SRC=$(realpath "${1:?usage: fallback_test.sh SOURCE_DIR}")
-T=$(mktemp -d "${TMPDIR:-/tmp}/ckptio-fallback-test.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); echo "ok   $1"; }
-bad() { failed=$((failed + 1)); echo "FAIL $1"; [ -f "$T/log" ] && sed 's/^/     /' "$T/log" | tail -30; }
-check() { local name=$1; shift; if "$@" >"$T/log" 2>&1; then ok "$name"; else bad "$name"; fi; }
-finish() {
-  echo "fallback: $passed passed, $failed failed"
-  echo "[doctest] test cases: $((passed + failed)) | $passed passed | $failed failed"
-  [ "$failed" = 0 ]
-  exit $?
-}
+source "$(dirname "$0")/checks.sh" fallback
 
 # The tree as git sees it (tracked files and new ones not ignored): no build dirs, no venv,
 # no subprojects already fetched.

@@ -15,19 +15,7 @@ set -uo pipefail
 
 BUILD=$(realpath "${1:?usage: install_test.sh BUILD_DIR SOURCE_DIR}")
 SRC=$(realpath "${2:?usage: install_test.sh BUILD_DIR SOURCE_DIR}")
-T=$(mktemp -d "${TMPDIR:-/tmp}/ckptio-install-test.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); echo "ok   $1"; }
-bad() { failed=$((failed + 1)); echo "FAIL $1"; [ -f "$T/log" ] && sed 's/^/     /' "$T/log" | tail -30; }
-check() { local name=$1; shift; if "$@" >"$T/log" 2>&1; then ok "$name"; else bad "$name"; fi; }
-finish() {
-  echo "install: $passed passed, $failed failed"
-  echo "[doctest] test cases: $((passed + failed)) | $passed passed | $failed failed"
-  [ "$failed" = 0 ]
-  exit $?
-}
+source "$(dirname "$0")/checks.sh" install
 
 DEST=$T/dest
 check "meson install --destdir (devel tag: library, headers, ckptio.pc)" \
