@@ -80,6 +80,15 @@ struct RestoredCheckpoint {
   std::vector<Tensor> tensors;  // in saved order
 };
 
+// A tensor as a checkpoint's manifest describes it.
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<uint64_t> shape;
+  uint64_t bytes = 0;
+  ChunkOf chunk = {};  // set when the tensor is one chunk of a larger array
+};
+
 struct CheckpointInfo {
   int64_t step = 0;
   std::string created;  // RFC 3339, UTC
@@ -87,6 +96,7 @@ struct CheckpointInfo {
   size_t tensors = 0;
   size_t shards = 0;
   std::string metadata_json;
+  std::vector<TensorInfo> tensor_list = {};  // every tensor (and chunk), in manifest order
 };
 
 struct VerifyReport {
@@ -94,14 +104,6 @@ struct VerifyReport {
   uint64_t bytes_read = 0;
   size_t tensors = 0;
   size_t shards = 0;
-};
-
-// A tensor as a checkpoint's manifest describes it.
-struct TensorInfo {
-  std::string name;
-  DType dtype = DType::kU8;
-  std::vector<uint64_t> shape;
-  uint64_t bytes = 0;
 };
 
 // What CheckpointManager::ReadInOrder calls, on the calling thread: `begin`

@@ -13,6 +13,27 @@
 
 namespace ckptio {
 
+// Where a tensor sits when it is one chunk of a larger array (a shard of a
+// sharded jax.Array): the array's name and global shape, and the chunk's
+// first index on each axis (its extent is the tensor's shape). The chunks of
+// one array, from every process of a save, must tile it exactly: no gap, no
+// overlap. An empty `array` means the tensor is a whole array of its own.
+// A chunk's tensor name is ChunkName(array, start): "params/w@0,128".
+struct ChunkOf {
+  std::string array;
+  std::vector<uint64_t> global_shape;
+  std::vector<uint64_t> start;
+
+  bool empty() const { return array.empty(); }
+};
+
+// "params/w@0,128": the tensor name of the chunk of `array` starting at `start`.
+inline std::string ChunkName(const std::string& array, const std::vector<uint64_t>& start) {
+  std::string name = array + "@";
+  for (size_t i = 0; i < start.size(); ++i) name += (i ? "," : "") + std::to_string(start[i]);
+  return name;
+}
+
 // A tensor to save: a dense, C-contiguous buffer the caller owns. In copy
 // mode ckptio reads it only during Save(); in borrow mode until the save
 // ends (SaveHandle::Wait()).
@@ -21,6 +42,7 @@ struct TensorRef {
   DType dtype = DType::kF32;
   std::vector<uint64_t> shape;  // empty = scalar
   const void* data = nullptr;   // may be null only for a zero-byte tensor
+  ChunkOf chunk = {};           // set when the tensor is one chunk of a larger array
 };
 
 // A caller buffer to restore into: must match the saved dtype and shape.

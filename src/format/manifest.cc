@@ -37,6 +37,11 @@ Json TensorJson(const ManifestTensor& t, const std::vector<ManifestShard>& shard
   j["offset"] = t.offset;
   j["bytes"] = t.bytes;
   j["crc32c"] = Crc32cToHex(t.crc32c);
+  if (!t.chunk.empty()) {
+    j["array"] = t.chunk.array;
+    j["global_shape"] = t.chunk.global_shape;
+    j["start"] = t.chunk.start;
+  }
   return j;
 }
 
@@ -84,11 +89,20 @@ Result<ManifestShard> ParseShard(std::string_view file, size_t i, const Json& j)
 using ShardIndex = std::unordered_map<std::string, uint32_t>;
 
 Result<ManifestTensor> ParseTensor(std::string_view file, size_t i, const Json& j,
-                                   const ShardIndex& shard_index) {
+                                   const ShardIndex& shard_index, int version) {
   ManifestTensor t;
   ASSIGN_OR_RETURN(t.name, ReadName(file, "tensors", i, j));
   const FieldReader r(std::string(file) + ": tensor " + Quoted(t.name), j);
-  RETURN_IF_ERROR(r.CheckKeys({"name", "dtype", "shape", "shard", "offset", "bytes", "crc32c"}));
+  if (version >= kChunkedFormatVersion && j.contains("array")) {
+    RETURN_IF_ERROR(r.CheckKeys({"name", "dtype", "shape", "shard", "offset", "bytes", "crc32c", "array",
+                                 "global_shape", "start"}));
+    ASSIGN_OR_RETURN(t.chunk.array, r.String("array"));
+    ASSIGN_OR_RETURN(t.chunk.global_shape, r.U64Array("global_shape"));
+    ASSIGN_OR_RETURN(t.chunk.start, r.U64Array("start"));
+    if (t.chunk.array.empty()) return r.Error("field \"array\" is empty");
+  } else {
+    RETURN_IF_ERROR(r.CheckKeys({"name", "dtype", "shape", "shard", "offset", "bytes", "crc32c"}));
+  }
   ASSIGN_OR_RETURN(std::string dtype, r.String("dtype"));
   auto parsed_dtype = base::ParseDType(dtype);
   if (!parsed_dtype.ok()) return AsCorruption(r.context(), parsed_dtype.status());
@@ -122,7 +136,7 @@ Status ParseTensors(std::string_view file, const Json& list, const ShardIndex& i
                     Manifest& m) {
   m.tensors.reserve(list.size());
   for (size_t i = 0; i < list.size(); ++i) {
-    ASSIGN_OR_RETURN(ManifestTensor tensor, ParseTensor(file, i, list[i], index));
+    ASSIGN_OR_RETURN(ManifestTensor tensor, ParseTensor(file, i, list[i], index, m.format_version));
     m.tensors.push_back(std::move(tensor));
   }
   return Status::Ok();
@@ -132,11 +146,11 @@ Status ParseTensors(std::string_view file, const Json& list, const ShardIndex& i
 // reported as such, not as a pile of unknown fields.
 Status ParseTopLevel(const FieldReader& r, Manifest& m) {
   ASSIGN_OR_RETURN(int64_t version, r.I64("format_version"));
-  if (version != kManifestFormatVersion) {
-    return r.Error("unsupported format_version " + std::to_string(version) +
-                   " (this reader knows " + std::to_string(kManifestFormatVersion) + ")");
+  if (version < kManifestFormatVersion || version > kChunkedFormatVersion) {
+    return r.Error("unsupported format_version " + std::to_string(version) + " (this reader knows " +
+                   std::to_string(kManifestFormatVersion) + " to " + std::to_string(kChunkedFormatVersion) + ")");
   }
-  m.format_version = kManifestFormatVersion;
+  m.format_version = static_cast<int>(version);
   RETURN_IF_ERROR(r.CheckKeys(
       {"format_version", "step", "created", "writer", "metadata", "shards", "tensors"}));
   ASSIGN_OR_RETURN(m.step, r.I64("step"));
@@ -302,7 +316,7 @@ std::string SerializeManifest(const Manifest& m) {
   return out;
 }
 
-Result<Manifest> ParseManifest(std::string_view file, std::string_view bytes) {
+Result<Manifest> ParseManifest(std::string_view file, std::string_view bytes, Chunks chunks) {
   if (bytes.size() > kMaxManifestBytes) {
     return CorruptionError(std::string(file) + ": manifest of " + std::to_string(bytes.size()) +
                            " bytes exceeds the 256 MiB limit");
@@ -320,7 +334,7 @@ Result<Manifest> ParseManifest(std::string_view file, std::string_view bytes) {
     ShardIndex index;
     RETURN_IF_ERROR(ParseShards(file, *shards, m, index));
     RETURN_IF_ERROR(ParseTensors(file, *tensors, index, m));
-    RETURN_IF_ERROR(ValidateManifest(file, m));
+    RETURN_IF_ERROR(ValidateManifest(file, m, chunks));
     return m;
   } catch (const Json::exception& e) {
     // The checks above make this unreachable; a bug must still not escape.
@@ -328,9 +342,14 @@ Result<Manifest> ParseManifest(std::string_view file, std::string_view bytes) {
   }
 }
 
-Status ValidateManifest(std::string_view file, const Manifest& m) {
-  if (m.format_version != kManifestFormatVersion) {
+Status ValidateManifest(std::string_view file, const Manifest& m, Chunks chunks) {
+  if (m.format_version < kManifestFormatVersion || m.format_version > kChunkedFormatVersion) {
     return CorruptionError(std::string(file) + ": unsupported format_version " +
+                           std::to_string(m.format_version));
+  }
+  if (m.format_version < FormatVersionFor(m.tensors)) {
+    return CorruptionError(std::string(file) + ": tensors split into chunks need format_version " +
+                           std::to_string(kChunkedFormatVersion) + ", the manifest says " +
                            std::to_string(m.format_version));
   }
   if (m.step < 0) {
@@ -352,6 +371,7 @@ Status ValidateManifest(std::string_view file, const Manifest& m) {
     if (!names.insert(t.name).second) return CorruptionError(context + " is listed twice");
     RETURN_IF_ERROR(CheckTensor(context, t, m.shards));
   }
+  RETURN_IF_ERROR(CheckChunks(file, m.tensors, chunks));
   return CheckNoOverlaps(file, m);
 }
 

@@ -26,6 +26,18 @@
 // `crc32c`-style tools print. Tensors name their shard in JSON (readable);
 // in memory they hold its index. Every field is required; unknown fields are
 // refused (a newer writer bumps format_version).
+//
+// format_version 2 adds chunks: a tensor that is one piece of a larger array
+// (a shard of a sharded jax.Array) also carries the array's name, its global
+// shape and where the chunk starts in it:
+//
+//       {"name":"w@16,0","array":"w","global_shape":[64,8],"start":[16,0],
+//        "dtype":"F32","shape":[16,8],"shard":...,"offset":...,"bytes":512,"crc32c":"..."}
+//
+// so a reader finds every byte of any slice of "w" from the manifest alone.
+// The chunks of an array tile it exactly (same dtype and global shape, inside
+// it, no overlap, no gap). Writers use version 1 when no tensor is a chunk,
+// so that older readers still read those checkpoints.
 
 #include <chrono>
 #include <cstdint>
@@ -36,12 +48,14 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptio/status.h"
+#include "ckptio/tensor.h"
 #include "base/dtype.h"
 #include "format/safetensors.h"
 
 namespace ckptio::format {
 
-inline constexpr int kManifestFormatVersion = 1;
+inline constexpr int kManifestFormatVersion = 1;  // whole tensors only
+inline constexpr int kChunkedFormatVersion = 2;   // tensors may be chunks of arrays
 // A manifest lists ~100 bytes per tensor: 256 MiB is millions of tensors.
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
 // A shard holds at most one tensor over shard_size (<= base::kMaxTensorBytes) plus
@@ -62,6 +76,7 @@ struct ManifestTensor {
   uint64_t offset = 0;  // absolute offset of the data in the shard file
   uint64_t bytes = 0;
   uint32_t crc32c = 0;  // of the tensor's bytes
+  ChunkOf chunk = {};   // format_version 2: set when the tensor is a chunk of an array
 };
 
 struct Manifest {
@@ -78,16 +93,33 @@ struct Manifest {
 // strings valid UTF-8 (invalid bytes would be replaced by U+FFFD).
 std::string SerializeManifest(const Manifest& manifest);
 
+// The format_version a manifest with these tensors is written as: 2 when one
+// is a chunk of an array, else 1.
+int FormatVersionFor(const std::vector<ManifestTensor>& tensors);
+
+// Whether a manifest must hold every chunk of its arrays (a committed
+// manifest) or may hold some (one process's fragment of a multi-host save).
+enum class Chunks { kComplete, kPartial };
+
 // Parses and validates untrusted manifest bytes (ValidateManifest included).
 // Errors are Corruption naming `file` and the field, shard or tensor.
-Result<Manifest> ParseManifest(std::string_view file, std::string_view bytes);
+Result<Manifest> ParseManifest(std::string_view file, std::string_view bytes,
+                               Chunks chunks = Chunks::kComplete);
 
 // The checks ParseManifest makes beyond JSON types, as Corruption naming
 // `file`: names, duplicates, shard indices, sizes against shapes and limits,
 // tensors inside their shard and not overlapping, metadata nesting within
 // what the parser accepts. A writer should run it on a manifest before
 // committing it: a manifest that fails it would be refused by every reader.
-Status ValidateManifest(std::string_view file, const Manifest& manifest);
+Status ValidateManifest(std::string_view file, const Manifest& manifest,
+                        Chunks chunks = Chunks::kComplete);
+
+// The chunk checks of ValidateManifest, on tensors alone: each chunk's name,
+// rank and box inside its array's global shape; the chunks of one array agree
+// on dtype and global shape and do not overlap; no whole tensor has an
+// array's name; with kComplete, the chunks of each array cover it. Errors are
+// Corruption naming `file`, the array and the chunks.
+Status CheckChunks(std::string_view file, const std::vector<ManifestTensor>& tensors, Chunks chunks);
 
 // Checks that the parsed header of shard `shard_index` (a file of file_size
 // bytes) agrees with the manifest: same file size, same set of tensors with

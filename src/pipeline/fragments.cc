@@ -85,7 +85,8 @@ Task<Result<format::Manifest>> GatherFragments(runtime::Loop& loop, storage::Che
       if (!bytes[i].ok() && bytes[i].status().code() != StatusCode::kNotFound) co_return bytes[i].status();
       if (bytes[i].ok()) {
         CO_ASSIGN_OR_RETURN(format::Manifest f,
-                            format::ParseManifest(spec.step_name + "/" + FragmentName(p), *bytes[i]));
+                            format::ParseManifest(spec.step_name + "/" + FragmentName(p), *bytes[i],
+                                                  format::Chunks::kPartial));
         if (f.step == step && f.metadata.value("written_at_ms", int64_t{0}) >= oldest_ms) got[p] = std::move(f);
       }
       if (!got[p]) missing.push_back(p);
@@ -121,6 +122,7 @@ Task<Result<format::Manifest>> GatherFragments(runtime::Loop& loop, storage::Che
       merged.tensors.push_back(std::move(t));
     }
   }
+  merged.format_version = format::FormatVersionFor(merged.tensors);
   CO_TRY(format::ValidateManifest(spec.step_name + "/manifest.json (merged from " + std::to_string(count) +
                                       " fragments)",
                                   merged));

@@ -239,6 +239,10 @@ Result<CheckpointInfo> ManagerImpl::Info(int64_t step) {
   info.tensors = m.tensors.size();
   info.shards = m.shards.size();
   info.metadata_json = m.metadata.dump();
+  info.tensor_list.reserve(m.tensors.size());
+  for (format::ManifestTensor& t : m.tensors) {
+    info.tensor_list.push_back({std::move(t.name), t.dtype, std::move(t.shape), t.bytes, std::move(t.chunk)});
+  }
   return info;
 }
 

@@ -75,7 +75,7 @@ Status ManagerImpl::ReadInOrderPinned(int64_t step, const OrderedReader& reader,
   }
   std::vector<TensorInfo> tensors;
   tensors.reserve(m.tensors.size());
-  for (const format::ManifestTensor& t : m.tensors) tensors.push_back({t.name, t.dtype, t.shape, t.bytes});
+  for (const format::ManifestTensor& t : m.tensors) tensors.push_back({t.name, t.dtype, t.shape, t.bytes, t.chunk});
   if (reader.begin) RETURN_IF_ERROR(reader.begin(step, m.metadata.dump(), tensors));
 
   std::vector<std::vector<TensorPieceRead>> plan = PlanWindows(m, window);

@@ -10,6 +10,22 @@
 namespace ckptio::pipeline {
 namespace {
 uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+// The manifest's chunk checks, before anything is copied: a chunk outside its
+// array, overlapping another, or (one process saving) missing is the caller's
+// error, reported as InvalidArgument at Save().
+Status CheckChunksToSave(const SavePlan& plan, const Options& options) {
+  std::vector<format::ManifestTensor> tensors(plan.specs.size());
+  for (size_t i = 0; i < plan.specs.size(); ++i) {
+    tensors[i].name = plan.specs[i].name;
+    tensors[i].dtype = plan.specs[i].dtype;
+    tensors[i].shape = plan.specs[i].shape;
+    tensors[i].chunk = plan.chunks[i];
+  }
+  const auto completeness = options.multihost.process_count > 1 ? format::Chunks::kPartial : format::Chunks::kComplete;
+  Status s = format::CheckChunks("save", tensors, completeness);
+  return s.ok() ? s : InvalidArgumentError(s.message());
+}
 }  // namespace
 
 Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, const Options& options) {
@@ -19,16 +35,21 @@ Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, cons
   plan.borrow = options.snapshot == SnapshotMode::kBorrow;
   plan.specs.reserve(tensors.size());
   plan.sources.reserve(tensors.size());
+  bool chunked = false;
   for (const TensorRef& t : tensors) {
+    std::string name = t.chunk.empty() || !t.name.empty() ? t.name : ChunkName(t.chunk.array, t.chunk.start);
     auto bytes = base::TensorBytes(t.dtype, t.shape);
-    if (!bytes.ok()) return bytes.status().WithContext("tensor \"" + t.name + "\"");
+    if (!bytes.ok()) return bytes.status().WithContext("tensor \"" + name + "\"");
     if (*bytes > 0 && t.data == nullptr) {
-      return InvalidArgumentError("tensor \"" + t.name + "\": data is null but it holds " +
+      return InvalidArgumentError("tensor \"" + name + "\": data is null but it holds " +
                                   std::to_string(*bytes) + " bytes");
     }
-    plan.specs.push_back({t.name, t.dtype, t.shape, *bytes});
+    chunked |= !t.chunk.empty();
+    plan.specs.push_back({std::move(name), t.dtype, t.shape, *bytes});
     plan.sources.push_back(static_cast<const char*>(t.data));
+    plan.chunks.push_back(t.chunk);
   }
+  if (chunked) RETURN_IF_ERROR(CheckChunksToSave(plan, options));
   std::string shard_prefix = "shard-";
   if (options.multihost.process_count > 1) {
     char p[32];
@@ -119,9 +140,10 @@ format::Manifest MakeManifest(const SavePlan& plan, const std::vector<uint32_t>&
     for (const format::PlannedTensor& t : plan.shards[s].tensors) {
       const format::TensorSpec& spec = plan.specs[t.index];
       m.tensors.push_back({spec.name, spec.dtype, spec.shape, static_cast<uint32_t>(s), t.offset, t.bytes,
-                           tensor_crc[t.index]});
+                           tensor_crc[t.index], plan.chunks[t.index]});
     }
   }
+  m.format_version = format::FormatVersionFor(m.tensors);
   return m;
 }
 

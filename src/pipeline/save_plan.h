@@ -19,6 +19,7 @@ struct SavePlan {
   int64_t step = 0;
   std::vector<format::TensorSpec> specs;  // in the caller's order
   std::vector<const char*> sources;       // the caller's buffers, by spec index
+  std::vector<ChunkOf> chunks;            // by spec index: where a chunk sits in its array
   std::vector<format::PlannedShard> shards;
   std::vector<uint32_t> prefix_crc;       // CRC32C of each shard's prefix
   // Copy mode: each shard's whole file image sits in staging at
@@ -30,8 +31,10 @@ struct SavePlan {
   bool borrow = false;
 };
 
-// Validates the tensors (names, dtypes, shapes, null data) and plans shards.
-// Errors are InvalidArgument naming the tensor.
+// Validates the tensors (names, dtypes, shapes, null data, chunks of arrays)
+// and plans shards. Errors are InvalidArgument naming the tensor. A chunk's
+// empty name is filled in (ChunkName). The chunks of each array must cover it
+// unless this is one process's part of a multi-host save.
 // Multi-host saves name shards after the process ("shard-p00003-00000...").
 Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, const Options& options);
 

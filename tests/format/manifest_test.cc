@@ -36,14 +36,16 @@ Manifest SampleManifest() {
 json SampleJson() { return json::parse(SerializeManifest(SampleManifest())); }
 
 // The error message of parsing `text`, or "OK".
-std::string ErrorOf(std::string_view text) {
-  auto m = ParseManifest(kFile, text);
+std::string ErrorOf(std::string_view text, Chunks chunks = Chunks::kComplete) {
+  auto m = ParseManifest(kFile, text, chunks);
   if (m.ok()) return "OK";
   CHECK(m.status().code() == StatusCode::kCorruption);
   return m.status().message();
 }
 
-std::string JsonErrorOf(const json& j) { return ErrorOf(std::string_view(j.dump())); }
+std::string JsonErrorOf(const json& j, Chunks chunks = Chunks::kComplete) {
+  return ErrorOf(std::string_view(j.dump()), chunks);
+}
 
 bool Contains(const std::string& text, std::string_view part) {
   return text.find(part) != std::string::npos;
@@ -152,9 +154,11 @@ TEST_CASE("a manifest over the size limit is refused before parsing") {
 
 TEST_CASE("an unsupported format version is refused before other fields") {
   json j = SampleJson();
-  j["format_version"] = 2;
+  j["format_version"] = 3;
   j["new_field"] = true;
-  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: unsupported format_version 2 (this reader knows 1)");
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: unsupported format_version 3 (this reader knows 1 to 2)");
+  j["format_version"] = 0;
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: unsupported format_version 0 (this reader knows 1 to 2)");
   j["format_version"] = "1";
   CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: field \"format_version\" must be a 64-bit integer");
 }
@@ -371,6 +375,335 @@ TEST_CASE("validation refuses a tensor whose shard index is out of range") {
   CHECK(s.code() == StatusCode::kCorruption);
   CHECK(s.message() == "ckpt/checkpoint_200/manifest.json: tensor \"params/w\": shard index 7 is out of "
                        "range (2 shards)");
+}
+
+// ---- Chunks of arrays (format_version 2) ---------------------------------
+
+// Array "w" (F32, global shape [64, 8]) in three chunks: rows 0-16 whole, rows
+// 16-64 split by columns at 4; and a whole tensor "step".
+Manifest ChunkedManifest() {
+  Manifest m;
+  m.format_version = 2;
+  m.step = 200;
+  m.created = "2024-05-01T12:00:00Z";
+  m.writer = "ckptio 0.2.0";
+  m.metadata = {{"epoch", 3}};
+  m.shards = {{"shard-00000.safetensors", 4096 + 512 + 768 + 768 + 8, 0x11111111}};
+  m.tensors = {{"w@0,0", DType::kF32, {16, 8}, 0, 4096, 512, 0xA0, {"w", {64, 8}, {0, 0}}},
+               {"w@16,0", DType::kF32, {48, 4}, 0, 4608, 768, 0xA1, {"w", {64, 8}, {16, 0}}},
+               {"w@16,4", DType::kF32, {48, 4}, 0, 5376, 768, 0xA2, {"w", {64, 8}, {16, 4}}},
+               {"step", DType::kI64, {}, 0, 6144, 8, 0xBB}};
+  return m;
+}
+
+json ChunkedJson() { return json::parse(SerializeManifest(ChunkedManifest())); }
+
+// Moves chunk i of manifest json `j` to `start`, renamed to match.
+void MoveChunk(json& j, size_t i, const std::vector<uint64_t>& start) {
+  j["tensors"][i]["name"] = ChunkName(j["tensors"][i]["array"].get<std::string>(), start);
+  j["tensors"][i]["start"] = start;
+}
+
+// A chunk of U8 array "a", as CheckChunks sees it.
+ManifestTensor ChunkOfA(std::vector<uint64_t> global_shape, std::vector<uint64_t> start,
+                        std::vector<uint64_t> shape) {
+  ManifestTensor t;
+  t.name = ChunkName("a", start);
+  t.dtype = DType::kU8;
+  t.shape = std::move(shape);
+  t.chunk = {"a", std::move(global_shape), std::move(start)};
+  return t;
+}
+
+// CheckChunks' message, or "OK".
+std::string ChunkErrorOf(const std::vector<ManifestTensor>& tensors, Chunks chunks) {
+  const Status s = CheckChunks(kFile, tensors, chunks);
+  if (s.ok()) return "OK";
+  CHECK(s.code() == StatusCode::kCorruption);
+  return s.message();
+}
+
+TEST_CASE("a manifest with an array split into chunks round-trips with every chunk field") {
+  const Manifest m = ChunkedManifest();
+  REQUIRE(ValidateManifest(kFile, m).ok());
+  const std::string text = SerializeManifest(m);
+  auto back = ParseManifest(kFile, text);
+  REQUIRE_MESSAGE(back.ok(), back.status().ToString());
+  CHECK(back->format_version == 2);
+  REQUIRE(back->tensors.size() == 4);
+  for (size_t i = 0; i < 4; ++i) {
+    CAPTURE(i);
+    const ManifestTensor& t = back->tensors[i];
+    CHECK(t.name == m.tensors[i].name);
+    CHECK(t.dtype == m.tensors[i].dtype);
+    CHECK(t.shape == m.tensors[i].shape);
+    CHECK(t.shard == m.tensors[i].shard);
+    CHECK(t.offset == m.tensors[i].offset);
+    CHECK(t.bytes == m.tensors[i].bytes);
+    CHECK(t.crc32c == m.tensors[i].crc32c);
+    CHECK(t.chunk.array == m.tensors[i].chunk.array);
+    CHECK(t.chunk.global_shape == m.tensors[i].chunk.global_shape);
+    CHECK(t.chunk.start == m.tensors[i].chunk.start);
+  }
+  CHECK(back->tensors[2].chunk.start == std::vector<uint64_t>{16, 4});
+  CHECK(back->tensors[3].chunk.empty());
+  CHECK(SerializeManifest(*back) == text);
+}
+
+TEST_CASE("the manifest json has array, global_shape and start on chunk tensors only") {
+  const std::string text = SerializeManifest(ChunkedManifest());
+  CHECK(Contains(text, "\n  \"format_version\": 2,\n"));
+  CHECK(Contains(text, "\n    {\"array\":\"w\",\"bytes\":768,\"crc32c\":\"000000a1\",\"dtype\":\"F32\","
+                       "\"global_shape\":[64,8],\"name\":\"w@16,0\",\"offset\":4608,\"shape\":[48,4],"
+                       "\"shard\":\"shard-00000.safetensors\",\"start\":[16,0]},\n"));
+  CHECK(Contains(text, "\n    {\"bytes\":8,\"crc32c\":\"000000bb\",\"dtype\":\"I64\",\"name\":\"step\","
+                       "\"offset\":6144,\"shape\":[],\"shard\":\"shard-00000.safetensors\"}\n  ]"));
+  const json j = json::parse(text);
+  for (size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    CHECK(j["tensors"][i]["array"] == "w");
+    CHECK(j["tensors"][i]["global_shape"] == json::array({64, 8}));
+  }
+  CHECK(j["tensors"][2]["start"] == json::array({16, 4}));
+  CHECK_FALSE(j["tensors"][3].contains("array"));
+  CHECK_FALSE(j["tensors"][3].contains("global_shape"));
+  CHECK_FALSE(j["tensors"][3].contains("start"));
+  CHECK_FALSE(Contains(SerializeManifest(SampleManifest()), "\"array\""));
+}
+
+TEST_CASE("the format version is 1 without chunks and 2 with one") {
+  CHECK(FormatVersionFor({}) == 1);
+  CHECK(FormatVersionFor(SampleManifest().tensors) == 1);
+  CHECK(FormatVersionFor(ChunkedManifest().tensors) == 2);
+  std::vector<ManifestTensor> one = SampleManifest().tensors;
+  one.push_back(ChunkedManifest().tensors[1]);
+  CHECK(FormatVersionFor(one) == 2);
+}
+
+TEST_CASE("a version 1 manifest with chunks is refused") {
+  json j = ChunkedJson();
+  j["format_version"] = 1;
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"w@0,0\": unknown field \"array\"");
+  Manifest m = ChunkedManifest();
+  m.format_version = 1;
+  const Status s = ValidateManifest(kFile, m);
+  CHECK(s.code() == StatusCode::kCorruption);
+  CHECK(s.message() == "ckpt/checkpoint_200/manifest.json: tensors split into chunks need format_version 2, the "
+                       "manifest says 1");
+}
+
+TEST_CASE("a version 2 manifest without chunks is read") {
+  json j = SampleJson();
+  j["format_version"] = 2;
+  auto m = ParseManifest(kFile, j.dump());
+  REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+  CHECK(m->format_version == 2);
+  CHECK(m->tensors.size() == 3);
+}
+
+TEST_CASE("chunk fields that are incomplete, empty, mistyped or on a whole tensor are refused") {
+  json j = ChunkedJson();
+  j["tensors"][0].erase("start");
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"w@0,0\": missing field \"start\"");
+  j = ChunkedJson();
+  j["tensors"][0]["array"] = "";
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"w@0,0\": field \"array\" is empty");
+  j = ChunkedJson();
+  j["tensors"][0]["global_shape"] = json::array({64, -8});
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"w@0,0\": field \"global_shape\" must be an "
+                          "array of unsigned integers");
+  j = ChunkedJson();
+  j["tensors"][3]["start"] = json::array();
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"step\": unknown field \"start\"");
+  j = ChunkedJson();
+  j["tensors"][0]["array"] = "../w";
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"w@0,0\": array: tensor name \"../w\" "
+                          "contains a \"..\" path component");
+}
+
+TEST_CASE("a chunk running past its array on an axis is refused naming the file, the chunk and the array") {
+  json j = ChunkedJson();
+  MoveChunk(j, 2, {16, 5});
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"w@16,5\": chunk [16:64, 5:9] runs past "
+                          "axis 1 of array \"w\", whose global shape is [64, 8]");
+  j = ChunkedJson();
+  MoveChunk(j, 0, {50, 0});
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"w@50,0\": chunk [50:66, 0:8] runs past "
+                          "axis 0 of array \"w\", whose global shape is [64, 8]");
+  j = ChunkedJson();
+  MoveChunk(j, 0, {65, 0});
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"w@65,0\": chunk [65:81, 0:8] runs past "
+                          "axis 0 of array \"w\", whose global shape is [64, 8]");
+  // Partial or not: a chunk outside its array is never right.
+  CHECK(JsonErrorOf(j, Chunks::kPartial) == JsonErrorOf(j));
+}
+
+TEST_CASE("huge chunk starts are refused without overflowing") {
+  json j = ChunkedJson();
+  MoveChunk(j, 0, {uint64_t{1} << 63, 0});
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"w@9223372036854775808,0\": chunk "
+                          "[9223372036854775808:9223372036854775824, 0:8] runs past axis 0 of array \"w\", whose "
+                          "global shape is [64, 8]");
+  // start + extent wraps to 8, inside the array, were it computed in 64 bits.
+  j = ChunkedJson();
+  MoveChunk(j, 0, {UINT64_MAX - 7, 0});
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"w@18446744073709551608,0\": chunk "
+                          "[18446744073709551608:18446744073709551624, 0:8] runs past axis 0 of array \"w\", whose "
+                          "global shape is [64, 8]");
+  // Inside a global shape that large, which is itself refused.
+  j = ChunkedJson();
+  for (json& t : j["tensors"]) {
+    if (t.contains("global_shape")) t["global_shape"] = json::array({UINT64_MAX, 8});
+  }
+  MoveChunk(j, 0, {uint64_t{1} << 63, 0});
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"w@9223372036854775808,0\": global_shape of "
+                          "array \"w\": shape [18446744073709551615, 8] x F32 exceeds the 1 PiB (2^50 bytes) "
+                          "tensor limit");
+}
+
+TEST_CASE("a chunk of hundreds of axes is refused with a short message") {
+  // 48 axes at start 2^64 - 2 of extent 1, the last one past its array: the
+  // message shows 16 axes (hostile manifests must not flood logs).
+  const size_t rank = 48;
+  ManifestTensor t;
+  t.dtype = DType::kU8;
+  t.shape.assign(rank, 1);
+  t.chunk = {"a", std::vector<uint64_t>(rank, UINT64_MAX), std::vector<uint64_t>(rank, UINT64_MAX - 1)};
+  t.chunk.global_shape.back() = UINT64_MAX - 1;
+  t.name = ChunkName("a", t.chunk.start);
+  const std::string error = ChunkErrorOf({t}, Chunks::kPartial);
+  CHECK(error.size() <= 2048);
+  CHECK(Contains(error, ", 18446744073709551614:18446744073709551615, ... (48 dims)] runs past axis 47 of array "
+                        "\"a\", whose global shape is [18446744073709551615, "));
+}
+
+TEST_CASE("a chunk whose shape, global shape and start differ in rank is refused") {
+  json j = ChunkedJson();
+  MoveChunk(j, 0, {0});
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"w@0\": a chunk's shape, global_shape and "
+                          "start need one entry per axis; they have 2, 2 and 1");
+  j = ChunkedJson();
+  j["tensors"][0]["global_shape"] = json::array({64, 8, 1});
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"w@0,0\": a chunk's shape, global_shape and "
+                          "start need one entry per axis; they have 2, 3 and 2");
+}
+
+TEST_CASE("a chunk not named after its array and start is refused") {
+  for (const std::string name : {"w@16", "w@016,0", "w@16,0,", "w", "v@16,0"}) {
+    CAPTURE(name);
+    json j = ChunkedJson();
+    j["tensors"][1]["name"] = name;
+    CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: tensor \"" + name +
+                                "\": the chunk of array \"w\" at [16, 0] must be named \"w@16,0\"");
+  }
+}
+
+TEST_CASE("chunks of one array that disagree on dtype or global shape are refused naming both") {
+  json j = ChunkedJson();
+  j["tensors"][1]["dtype"] = "F16";
+  j["tensors"][1]["bytes"] = 384;
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: chunks \"w@0,0\" and \"w@16,0\" of array \"w\" "
+                          "disagree on its dtype or global shape (F32 [64, 8] against F16 [64, 8])");
+  j = ChunkedJson();
+  j["tensors"][2]["global_shape"] = json::array({64, 9});
+  CHECK(JsonErrorOf(j, Chunks::kPartial) == "ckpt/checkpoint_200/manifest.json: chunks \"w@0,0\" and \"w@16,4\" of "
+                                            "array \"w\" disagree on its dtype or global shape (F32 [64, 8] against "
+                                            "F32 [64, 9])");
+}
+
+TEST_CASE("overlapping chunks are refused naming both and their boxes, in a fragment too") {
+  json j = ChunkedJson();
+  MoveChunk(j, 1, {8, 0});
+  const std::string want = "ckpt/checkpoint_200/manifest.json: chunks \"w@0,0\" [0:16, 0:8] and \"w@8,0\" [8:56, "
+                           "0:4] of array \"w\" overlap";
+  CHECK(JsonErrorOf(j) == want);
+  CHECK(JsonErrorOf(j, Chunks::kPartial) == want);
+}
+
+TEST_CASE("chunks split along axis 1 only are checked for overlap along it") {
+  // Listed out of order; every chunk spans all of axis 0.
+  std::vector<ManifestTensor> chunks = {ChunkOfA({4, 12}, {0, 8}, {4, 4}), ChunkOfA({4, 12}, {0, 0}, {4, 4}),
+                                        ChunkOfA({4, 12}, {0, 4}, {4, 4})};
+  CHECK(ChunkErrorOf(chunks, Chunks::kComplete) == "OK");
+  chunks[1].shape = {4, 5};  // columns 0-5: one column into the next chunk
+  CHECK(ChunkErrorOf(chunks, Chunks::kPartial) == "ckpt/checkpoint_200/manifest.json: chunks \"a@0,0\" [0:4, 0:5] "
+                                                  "and \"a@0,4\" [0:4, 4:8] of array \"a\" overlap");
+  chunks[1].shape = {4, 4};
+  chunks[2].shape = {4, 5};  // columns 4-9 against 8-12
+  CHECK(ChunkErrorOf(chunks, Chunks::kPartial) == "ckpt/checkpoint_200/manifest.json: chunks \"a@0,4\" [0:4, 4:9] "
+                                                  "and \"a@0,8\" [0:4, 8:12] of array \"a\" overlap");
+}
+
+TEST_CASE("a grid of chunks swept along axis 1 is checked on every axis") {
+  // Rows 0-2 in four column blocks, rows 2-4 in two: more distinct starts on
+  // axis 1, so the sweep runs along it and chunks open there may still be
+  // apart on axis 0.
+  const std::vector<uint64_t> g = {4, 12};
+  std::vector<ManifestTensor> grid = {ChunkOfA(g, {0, 0}, {2, 3}), ChunkOfA(g, {0, 3}, {2, 3}),
+                                      ChunkOfA(g, {0, 6}, {2, 3}), ChunkOfA(g, {0, 9}, {2, 3}),
+                                      ChunkOfA(g, {2, 0}, {2, 6}), ChunkOfA(g, {2, 6}, {2, 6})};
+  CHECK(ChunkErrorOf(grid, Chunks::kComplete) == "OK");
+  std::vector<ManifestTensor> late = grid;
+  late[5] = ChunkOfA(g, {1, 7}, {3, 5});  // row 1 is also in the top row's blocks
+  CHECK(ChunkErrorOf(late, Chunks::kPartial) == "ckpt/checkpoint_200/manifest.json: chunks \"a@0,6\" [0:2, 6:9] "
+                                                "and \"a@1,7\" [1:4, 7:12] of array \"a\" overlap");
+  std::vector<ManifestTensor> long_open = grid;
+  long_open[4].shape = {2, 7};  // still open when the sweep reaches column 6
+  CHECK(ChunkErrorOf(long_open, Chunks::kPartial) == "ckpt/checkpoint_200/manifest.json: chunks \"a@2,0\" [2:4, "
+                                                     "0:7] and \"a@2,6\" [2:4, 6:12] of array \"a\" overlap");
+}
+
+TEST_CASE("a missing chunk is refused in a checkpoint's manifest but allowed in a process's fragment") {
+  json j = ChunkedJson();
+  j["tensors"].erase(2);
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: the chunks of array \"w\" cover 320 of the 512 "
+                          "elements of its global shape [64, 8]: a chunk is missing");
+  auto partial = ParseManifest(kFile, j.dump(), Chunks::kPartial);
+  REQUIRE_MESSAGE(partial.ok(), partial.status().ToString());
+  CHECK(partial->tensors.size() == 3);
+  Manifest m = ChunkedManifest();
+  m.tensors.erase(m.tensors.begin());
+  CHECK(ValidateManifest(kFile, m, Chunks::kPartial).ok());
+  CHECK(ValidateManifest(kFile, m).message() == "ckpt/checkpoint_200/manifest.json: the chunks of array \"w\" cover "
+                                                "384 of the 512 elements of its global shape [64, 8]: a chunk is "
+                                                "missing");
+}
+
+TEST_CASE("a whole tensor named like an array is refused") {
+  json j = ChunkedJson();
+  j["tensors"][3]["name"] = "w";
+  const std::string want = "ckpt/checkpoint_200/manifest.json: \"w\" is both a whole tensor and an array split into "
+                           "chunks";
+  CHECK(JsonErrorOf(j) == want);
+  CHECK(JsonErrorOf(j, Chunks::kPartial) == want);
+}
+
+TEST_CASE("an array whose global shape exceeds the tensor size limit is refused") {
+  json j = ChunkedJson();
+  for (json& t : j["tensors"]) {
+    if (t.contains("global_shape")) t["global_shape"] = json::array({uint64_t{1} << 40, uint64_t{1} << 40});
+  }
+  CHECK(JsonErrorOf(j, Chunks::kPartial) == "ckpt/checkpoint_200/manifest.json: tensor \"w@0,0\": global_shape of "
+                                            "array \"w\": shape [1099511627776, 1099511627776] x F32 exceeds the 1 "
+                                            "PiB (2^50 bytes) tensor limit");
+  // 2^50 bytes exactly is allowed; a byte more is not.
+  CHECK(ChunkErrorOf({ChunkOfA({uint64_t{1} << 50}, {0}, {16})}, Chunks::kPartial) == "OK");
+  CHECK(ChunkErrorOf({ChunkOfA({(uint64_t{1} << 50) + 1}, {0}, {16})}, Chunks::kPartial) ==
+        "ckpt/checkpoint_200/manifest.json: tensor \"a@0\": global_shape of array \"a\": shape [1125899906842625] x "
+        "U8 exceeds the 1 PiB (2^50 bytes) tensor limit");
+}
+
+TEST_CASE("zero-size arrays and chunks are accepted") {
+  // An empty array in two empty chunks, and a scalar array in its one chunk.
+  CHECK(ChunkErrorOf({ChunkOfA({0, 8}, {0, 0}, {0, 4}), ChunkOfA({0, 8}, {0, 4}, {0, 4})}, Chunks::kComplete) ==
+        "OK");
+  CHECK(ChunkErrorOf({ChunkOfA({}, {}, {})}, Chunks::kComplete) == "OK");
+  // Empty chunks at the far edge of "w" and inside another chunk's box.
+  Manifest m = ChunkedManifest();
+  m.tensors.push_back({"w@64,0", DType::kF32, {0, 8}, 0, 6152, 0, 0, {"w", {64, 8}, {64, 0}}});
+  m.tensors.push_back({"w@8,2", DType::kF32, {4, 0}, 0, 4096, 0, 0, {"w", {64, 8}, {8, 2}}});
+  CHECK(ValidateManifest(kFile, m).ok());
+  CHECK(ErrorOf(SerializeManifest(m)) == "OK");
 }
 
 // ---- Shard headers against the manifest -----------------------------------

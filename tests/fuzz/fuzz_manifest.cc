@@ -43,7 +43,8 @@ bool IsShardNameChar(char c) {
 }
 
 void CheckManifest(const Manifest& m) {
-  FUZZ_CHECK(m.format_version == format::kManifestFormatVersion, "format_version");
+  FUZZ_CHECK(m.format_version >= format::kManifestFormatVersion && m.format_version <= format::kChunkedFormatVersion,
+             "format_version");
   FUZZ_CHECK(m.step >= 0, std::to_string(m.step));
   FUZZ_CHECK(m.metadata.is_object(), "metadata");
   FUZZ_CHECK(format::IsRfc3339Utc(m.created), m.created);
@@ -96,7 +97,8 @@ void CheckSameManifest(const Manifest& a, const Manifest& b) {
     const ManifestTensor& y = b.tensors[i];
     FUZZ_CHECK(x.name == y.name && x.dtype == y.dtype && x.shape == y.shape &&
                    x.shard == y.shard && x.offset == y.offset && x.bytes == y.bytes &&
-                   x.crc32c == y.crc32c,
+                   x.crc32c == y.crc32c && x.chunk.array == y.chunk.array &&
+                   x.chunk.global_shape == y.chunk.global_shape && x.chunk.start == y.chunk.start,
                "tensor " + std::to_string(i) + " differs after a round trip");
   }
 }

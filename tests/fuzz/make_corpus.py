@@ -159,13 +159,42 @@ def manifest_seeds(tmp, ckptio):
     variant("bad-shape-huge", lambda v: v["tensors"][0].update(shape=[2**40, 2**40]))
     variant("bad-unknown-shard", lambda v: v["tensors"][0].update(shard="other"))
     variant("bad-crc", lambda v: v["shards"][0].update(crc32c="xyz"))
-    variant("bad-version", lambda v: v.update(format_version=2))
+    variant("bad-version", lambda v: v.update(format_version=3))
     variant("bad-step-negative", lambda v: v.update(step=-1))
     variant("bad-created", lambda v: v.update(created="2024-13-01T00:00:00Z"))
     variant("bad-unknown-field", lambda v: v.update(extra=1))
     variant("bad-overlap", lambda v: v["tensors"][1].update(offset=v["tensors"][0]["offset"]))
     variant("bad-shard-twice", lambda v: v["shards"].append(dict(v["shards"][0])))
     variant("bad-tensor-twice", lambda v: v["tensors"].append(dict(v["tensors"][0])))
+
+    # format_version 2: "embed.weight" [2, 3] as two chunks of one row each,
+    # at the offsets of its rows (a reader checks CRCs against the data only).
+    def chunk_embed(v):
+        v["format_version"] = 2
+        tensors = []
+        for t in v["tensors"]:
+            if t["name"] != "embed.weight":
+                tensors.append(t)
+                continue
+            rows, row_bytes = t["shape"][0], t["bytes"] // t["shape"][0]
+            for r in range(rows):
+                tensors.append(dict(t, name=f"embed.weight@{r},0", array="embed.weight",
+                                    global_shape=t["shape"], start=[r, 0], shape=[1] + t["shape"][1:],
+                                    offset=t["offset"] + r * row_bytes, bytes=row_bytes))
+        v["tensors"] = tensors
+
+    def chunk_embed_then(change):
+        def both(v):
+            chunk_embed(v)
+            change(v)
+        return both
+
+    def drop_tensor(name):
+        return lambda v: v.update(tensors=[t for t in v["tensors"] if t["name"] != name])
+
+    variant("valid-chunked", chunk_embed)
+    variant("bad-chunk-gap", chunk_embed_then(drop_tensor("embed.weight@1,0")))
+    variant("bad-chunk-version-1", chunk_embed_then(lambda v: v.update(format_version=1)))
     for depth in (62, 63, 64, 200):
         nested = json.loads("[" * depth + "]" * depth)
         variant(f"metadata-depth-{depth}", lambda v, n=nested: v.update(metadata={"d": n}))

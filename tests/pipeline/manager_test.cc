@@ -641,6 +641,127 @@ TEST_CASE("restoring from an empty root says there is no checkpoint") {
   CHECK(m->LatestStep() == std::nullopt);
 }
 
+// ---- Chunks of arrays -------------------------------------------------------
+
+// A chunk of array "w" (F32, global shape [64, 8]) at `start`: its bytes are
+// a function of its canonical name; its TensorRef leaves the name empty for
+// the planner to fill in.
+struct WChunk {
+  OwnedTensor tensor;  // named ChunkName("w", start)
+  std::vector<uint64_t> start;
+  TensorRef ref() const { return {"", tensor.dtype, tensor.shape, tensor.bytes.data(), {"w", {64, 8}, start}}; }
+};
+
+WChunk MakeWChunk(std::vector<uint64_t> start, std::vector<uint64_t> shape, int64_t step) {
+  return {MakeTensor(ChunkName("w", start), DType::kF32, std::move(shape), step), std::move(start)};
+}
+
+std::vector<TensorRef> ChunkRefs(const std::vector<WChunk>& chunks) {
+  std::vector<TensorRef> refs;
+  for (const WChunk& c : chunks) refs.push_back(c.ref());
+  return refs;
+}
+
+// Every file and directory under `root`, relative to it, sorted.
+std::vector<std::string> AllEntries(const std::string& root) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::recursive_directory_iterator(root)) {
+    names.push_back(fs::relative(e.path(), root).string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST_CASE("chunks of an array saved without names commit under their canonical names and restore exactly") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  // Rows 0-16 whole, rows 16-64 split by columns at 4; and a whole tensor.
+  const std::vector<WChunk> w = {MakeWChunk({0, 0}, {16, 8}, 1), MakeWChunk({16, 0}, {48, 4}, 1),
+                                 MakeWChunk({16, 4}, {48, 4}, 1)};
+  const OwnedTensor step = MakeTensor("step", DType::kI64, {}, 1);
+  std::vector<TensorRef> refs = ChunkRefs(w);
+  refs.push_back(step.ref());
+  auto h = m->Save(1, refs);
+  REQUIRE_MESSAGE(h.ok(), h.status().ToString());
+  const Status s = h->Wait();
+  REQUIRE_MESSAGE(s.ok(), s.ToString());
+
+  auto info = m->Info(1);
+  REQUIRE_MESSAGE(info.ok(), info.status().ToString());
+  REQUIRE(info->tensor_list.size() == 4);
+  const std::vector<std::string> names = {"w@0,0", "w@16,0", "w@16,4"};
+  for (size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    const TensorInfo& t = info->tensor_list[i];
+    CHECK(t.name == names[i]);
+    CHECK(t.dtype == DType::kF32);
+    CHECK(t.shape == w[i].tensor.shape);
+    CHECK(t.bytes == w[i].tensor.bytes.size());
+    CHECK(t.chunk.array == "w");
+    CHECK(t.chunk.global_shape == std::vector<uint64_t>{64, 8});
+    CHECK(t.chunk.start == w[i].start);
+  }
+  CHECK(info->tensor_list[3].name == "step");
+  CHECK(info->tensor_list[3].bytes == 8);
+  CHECK(info->tensor_list[3].chunk.empty());
+  CHECK(nlohmann::json::parse(testing::ReadWholeFile(dir / "checkpoint_1/manifest.json"))["format_version"] == 2);
+
+  auto r = m->Restore(1);
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  CheckEqual(*r, {w[0].tensor, w[1].tensor, w[2].tensor, step});
+
+  // Bytes 100-400 of the chunk at rows 16-64, columns 4-8.
+  Bytes part(300);
+  std::vector<TensorSlice> slice = {{"w@16,4", 100, part.size(), part.data()}};
+  auto read = m->RestoreSlices(1, slice);
+  REQUIRE_MESSAGE(read.ok(), read.status().ToString());
+  CHECK(std::equal(part.begin(), part.end(), w[2].tensor.bytes.begin() + 100));
+}
+
+TEST_CASE("a save of whole tensors only still writes format version 1") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  auto ts = State(1, 1, 1000);
+  auto refs = Refs(ts);
+  REQUIRE(m->Save(1, refs)->Wait().ok());
+  CHECK(nlohmann::json::parse(testing::ReadWholeFile(dir / "checkpoint_1/manifest.json"))["format_version"] == 1);
+  auto info = m->Info(1);
+  REQUIRE(info.ok());
+  REQUIRE(info->tensor_list.size() == 1);
+  CHECK(info->tensor_list[0].chunk.empty());
+}
+
+TEST_CASE("a save whose chunks leave a gap, overlap or are misnamed fails at Save, naming them, and writes nothing") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  const std::vector<std::string> before = AllEntries(dir.path());
+
+  const std::vector<WChunk> gap = {MakeWChunk({0, 0}, {16, 8}, 1), MakeWChunk({16, 0}, {48, 4}, 1)};
+  auto r = m->Save(1, ChunkRefs(gap));
+  CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  CHECK(r.status().message() == "save: the chunks of array \"w\" cover 320 of the 512 elements of its global shape "
+                                "[64, 8]: a chunk is missing");
+
+  const std::vector<WChunk> overlap = {MakeWChunk({0, 0}, {40, 8}, 1), MakeWChunk({32, 0}, {32, 8}, 1)};
+  r = m->Save(1, ChunkRefs(overlap));
+  CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  CHECK(r.status().message() == "save: chunks \"w@0,0\" [0:40, 0:8] and \"w@32,0\" [32:64, 0:8] of array \"w\" "
+                                "overlap");
+
+  const std::vector<WChunk> whole = {MakeWChunk({0, 0}, {64, 8}, 1)};
+  std::vector<TensorRef> misnamed = ChunkRefs(whole);
+  misnamed[0].name = "w";
+  r = m->Save(1, misnamed);
+  CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  CHECK(r.status().message() == "save: tensor \"w\": the chunk of array \"w\" at [0, 0] must be named \"w@0,0\"");
+
+  CHECK(AllEntries(dir.path()) == before);
+  CHECK(m->AllSteps().empty());
+  // The manager is none the worse: the whole array in one chunk commits.
+  REQUIRE(m->Save(1, ChunkRefs(whole))->Wait().ok());
+  CHECK(m->AllSteps() == std::vector<int64_t>{1});
+}
+
 }  // namespace
 }  // namespace ckptio
 

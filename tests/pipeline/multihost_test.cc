@@ -2,19 +2,29 @@
 // (tests/tools/multihost_worker) each save their part; process 0 commits one
 // checkpoint; it restores by name on another process count. One process dying
 // mid-save: no manifest appears, the others fail clearly within the timeout,
-// the previous checkpoint still restores.
+// the previous checkpoint still restores. Chunks of one array saved by
+// different processes: managers in this process, one per process_index.
 
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ckptio/barrier.h"
 #include "ckptio/checkpoint_manager.h"
+#include "test_state.h"
 #include "test_util.h"
 
 namespace ckptio {
@@ -133,6 +143,147 @@ TEST_CASE("a process that dies mid-save: no manifest, a clear error for the othe
   REQUIRE(m.ok());
   CHECK((*m)->AllSteps() == std::vector<int64_t>{5});
   CHECK(AllExited0(RunWorkers("restore", dir.path(), 2, {"5", "4"})));
+}
+
+// ---- Chunks of one array from several processes ----------------------------
+
+// Barrier::Wait for processes that are managers in this one process: returns
+// once `count` callers have waited on a name (each name of a save is waited
+// on once per process).
+class InProcessRendezvous {
+ public:
+  explicit InProcessRendezvous(int count) : count_(count) {}
+  Status Wait(const std::string& name, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    ++arrived_[name];
+    cv_.notify_all();
+    if (!cv_.wait_for(lock, timeout, [&] { return arrived_[name] >= count_; })) {
+      return DeadlineExceededError("barrier \"" + name + "\" timed out");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  const int count_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, int> arrived_;
+};
+
+std::shared_ptr<Barrier> InProcessBarrier(int count) {
+  auto rendezvous = std::make_shared<InProcessRendezvous>(count);
+  return CallbackBarrier([rendezvous](const std::string& name, std::chrono::milliseconds timeout) {
+    return rendezvous->Wait(name, timeout);
+  });
+}
+
+// The `count` processes of a multi-host save as managers of this process,
+// opened at once (with a barrier, Open waits for every process). A null
+// barrier: the storage-only fallback.
+std::vector<std::unique_ptr<CheckpointManager>> OpenProcesses(const std::string& root, int count,
+                                                              std::shared_ptr<Barrier> barrier) {
+  std::vector<std::optional<Result<std::unique_ptr<CheckpointManager>>>> opened(count);
+  std::vector<std::thread> threads;
+  for (int p = 0; p < count; ++p) {
+    Options o = testing::SmallOptions(uint64_t{4} << 20);
+    o.multihost.process_index = p;
+    o.multihost.process_count = count;
+    o.multihost.timeout = std::chrono::milliseconds(20000);
+    threads.emplace_back([&opened, &root, &barrier, o, p] {
+      opened[p].emplace(CheckpointManager::Open(root, o, barrier));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<std::unique_ptr<CheckpointManager>> managers;
+  for (int p = 0; p < count; ++p) {
+    Result<std::unique_ptr<CheckpointManager>>& m = *opened[p];
+    REQUIRE_MESSAGE(m.ok(), "process " << p << ": " << m.status().ToString());
+    managers.push_back(std::move(m).value());
+  }
+  return managers;
+}
+
+// Rows [first, first + rows) of array "w" (F32, global shape [64, 8]), its
+// bytes a function of its canonical name; its TensorRef leaves the name to
+// the planner.
+struct RowsOfW {
+  RowsOfW(uint64_t first, uint64_t rows, int64_t step)
+      : first(first), tensor(testing::MakeTensor(ChunkName("w", {first, 0}), DType::kF32, {rows, 8}, step)) {}
+  TensorRef ref() const { return {"", tensor.dtype, tensor.shape, tensor.bytes.data(), {"w", {64, 8}, {first, 0}}}; }
+  uint64_t first;
+  testing::OwnedTensor tensor;
+};
+
+// Process p saves chunks[p] at `step`, all at the same time; the final
+// statuses, by process.
+std::vector<Status> SaveChunks(std::vector<std::unique_ptr<CheckpointManager>>& managers, int64_t step,
+                               const std::vector<RowsOfW>& chunks) {
+  std::vector<SaveHandle> handles;
+  for (size_t p = 0; p < managers.size(); ++p) {
+    const TensorRef ref = chunks[p].ref();
+    auto h = managers[p]->Save(step, std::span<const TensorRef>(&ref, 1));
+    REQUIRE_MESSAGE(h.ok(), "process " << p << ": " << h.status().ToString());
+    handles.push_back(*h);
+  }
+  std::vector<Status> out;
+  for (const SaveHandle& h : handles) out.push_back(h.Wait());
+  return out;
+}
+
+TEST_CASE("two processes each save half of an array as chunks; the checkpoint holds the whole array") {
+  testing::TempDir dir;
+  const std::vector<RowsOfW> halves = {{0, 32, 4}, {32, 32, 4}};
+  {
+    auto managers = OpenProcesses(dir.path(), 2, nullptr);
+    const std::vector<Status> saved = SaveChunks(managers, 4, halves);
+    for (const Status& s : saved) CHECK_MESSAGE(s.ok(), s.ToString());
+  }
+  auto m = CheckpointManager::OpenReadOnly(dir.path(), {});
+  REQUIRE(m.ok());
+  CHECK((*m)->AllSteps() == std::vector<int64_t>{4});
+  auto info = (*m)->Info(4);
+  REQUIRE_MESSAGE(info.ok(), info.status().ToString());
+  REQUIRE(info->tensor_list.size() == 2);
+  for (size_t p = 0; p < 2; ++p) {
+    CAPTURE(p);
+    const TensorInfo& t = info->tensor_list[p];
+    CHECK(t.name == halves[p].tensor.name);
+    CHECK(t.shape == std::vector<uint64_t>{32, 8});
+    CHECK(t.chunk.array == "w");
+    CHECK(t.chunk.global_shape == std::vector<uint64_t>{64, 8});
+    CHECK(t.chunk.start == std::vector<uint64_t>{32 * p, 0});
+  }
+  CHECK(info->tensor_list[1].name == "w@32,0");
+  auto restored = (*m)->Restore(4);
+  REQUIRE_MESSAGE(restored.ok(), restored.status().ToString());
+  REQUIRE(restored->tensors.size() == 2);
+  for (size_t p = 0; p < 2; ++p) {
+    CHECK(restored->tensors[p].name == halves[p].tensor.name);
+    CHECK(restored->tensors[p].bytes == halves[p].tensor.bytes);
+  }
+  CHECK((*m)->Verify(4).ok());
+}
+
+TEST_CASE("a process whose chunks leave a gap in the merged array fails the commit naming the array") {
+  testing::TempDir dir;
+  // Process 1 saves rows 32-48 of 32-64: each fragment is fine alone.
+  const std::vector<RowsOfW> chunks = {{0, 32, 4}, {32, 16, 4}};
+  {
+    auto managers = OpenProcesses(dir.path(), 2, InProcessBarrier(2));
+    const std::vector<Status> saved = SaveChunks(managers, 4, chunks);
+    CHECK(saved[0].code() == StatusCode::kCorruption);
+    CHECK(saved[0].message() == "cannot save step 4 to " + dir.path() +
+                                    ": checkpoint_4/manifest.json (merged from 2 fragments): the chunks of array "
+                                    "\"w\" cover 384 of the 512 elements of its global shape [64, 8]: a chunk is "
+                                    "missing");
+    CHECK(saved[1].code() == StatusCode::kUnavailable);
+    CHECK(saved[1].message() == "cannot save step 4 to " + dir.path() +
+                                    ": step 4 was not committed by process 0 (its log says why)");
+  }
+  CHECK_FALSE(fs::exists(dir / "checkpoint_4/manifest.json"));
+  auto m = CheckpointManager::OpenReadOnly(dir.path(), {});
+  REQUIRE(m.ok());
+  CHECK((*m)->AllSteps().empty());
 }
 
 }  // namespace
