@@ -7,7 +7,7 @@ import sys
 import threading
 import weakref
 
-from . import _ckptio, _dtypes, _tree
+from . import _ckptio, _dtypes, _jax, _tree
 from ._errors import CkptioError, NotFoundError
 
 # Managers still open, closed (their saves waited for) when the interpreter exits.
@@ -81,6 +81,12 @@ class CheckpointManager:
         if keep_every is not None:
             overrides["keep_every"] = keep_every
         overrides.update(_flatten_options(options))
+        if process_index is None and process_count is None:
+            defaults = _jax.distributed_defaults(os.fspath(root))
+            if defaults is not None:  # jax.distributed.initialize() ran: its processes, its barrier
+                process_index, process_count, jax_barrier = defaults
+                barrier = barrier if barrier is not None else jax_barrier
+        self._process = (process_index or 0, process_count or 1)
         if process_index is not None:
             overrides["multihost.process_index"] = process_index
         if process_count is not None:
@@ -106,11 +112,12 @@ class CheckpointManager:
         ``.timings``). Raises on bad input, a step already committed, or the
         failure of an earlier background save (reported once)."""
         step = _check_step(step)
-        names, dtypes, arrays, description = _tree.flatten(tree)
+        names, dtypes, arrays, chunks, description = _tree.flatten_chunks(tree, *self._process)
         meta = {_tree.TREE_KEY: description}
         if metadata is not None:
             meta[_tree.USER_KEY] = metadata
-        handle = self._m.save(step, names, dtypes, arrays, _metadata_json(meta))
+        chunks = chunks if any(c is not None for c in chunks) else None
+        handle = self._m.save(step, names, dtypes, arrays, _metadata_json(meta), chunks)
         with self._handles_lock:
             self._handles = [h for h in self._handles if not h.done()] + [handle]
         return handle
@@ -145,6 +152,13 @@ class CheckpointManager:
             self.wait_until_finished()
         if self._m.read_only and step is None:
             self._m.refresh()
+        if step is None:
+            step = self._m.latest_step()
+            if step is None:
+                raise NotFoundError(f"no committed checkpoint in {self.root}", "NotFound")
+        catalog = _jax.Catalog(self._m.tensors(step))
+        if catalog.chunked or (target is not None and _tree.has_jax_leaves(target)):
+            return self._restore_arrays(step, target, catalog)
         _, metadata_json, tensors = self._m.restore(step, _dtypes.NUMPY_DTYPES)
         arrays = dict(tensors)
         description = self._description(metadata_json)
@@ -153,6 +167,36 @@ class CheckpointManager:
         if description is _NO_TREE or _tree.leaf_names(description) != set(arrays):
             # Written by C++ or the CLI, or by several processes (the tree
             # stored is process 0's part): nested dicts by name.
+            return _tree.nest(arrays)
+        return _tree.unflatten(description, arrays)
+
+    def _restore_arrays(self, step, target, catalog):
+        """Restore by ranged reads: a checkpoint holding sharded arrays, or a
+        target asking for jax.Arrays. Only the arrays the target names are
+        read, and for a sharded target only what this process's devices hold."""
+        description = self._description(self._m.info(step)["metadata_json"])
+        description = None if description is _NO_TREE else description
+        reads = _jax.Reads(catalog)
+        if target is None:
+            names = _tree.leaf_names(description) if description is not None else set(catalog.arrays)
+            if not names <= set(catalog.arrays):
+                names = set(catalog.arrays)  # several processes' parts: nested dicts by name
+                description = None
+            built = {name: _jax.plan_whole(reads, name) for name in names}
+        else:
+            built = {}
+            for name, leaf in _tree.named_leaves(target):
+                if name not in catalog:
+                    continue  # _tree.like reports it, or takes it from the description
+                if _jax.is_sharded_target(leaf):
+                    built[name] = _jax.plan_sharded(reads, name, leaf)
+                else:
+                    built[name] = _jax.plan_whole(reads, name)
+        reads.run(self._m, step)
+        arrays = {name: build() for name, build in built.items()}
+        if target is not None:
+            return _tree.like(target, arrays, description)
+        if description is None:
             return _tree.nest(arrays)
         return _tree.unflatten(description, arrays)
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import _dtypes
+from . import _dtypes, _jax
 
 TREE_KEY = "ckptio_tree"
 USER_KEY = "user"
@@ -73,6 +73,23 @@ def _torch_to_numpy(t):
     return t.numpy()
 
 
+def _leaf_kind(value, name):
+    """The leaf kind to_array would give, without converting (a sharded
+    jax.Array is never gathered to find it)."""
+    if isinstance(value, bool):
+        return _BOOL
+    if isinstance(value, int):
+        return _INT
+    if isinstance(value, float):
+        return _FLOAT
+    if isinstance(value, np.generic):
+        return _SCALAR
+    if isinstance(value, np.ndarray) or _is_torch_tensor(value) or hasattr(value, "__array__"):
+        return _ARRAY
+    to_array(value, name)  # raises the TypeError naming the leaf
+    return _ARRAY
+
+
 def to_array(value, name):
     """(C-contiguous numpy array, leaf kind) for one leaf; no copy when the
     leaf already is a C-contiguous array of a supported dtype."""
@@ -111,9 +128,40 @@ def to_array(value, name):
 
 def flatten(tree):
     """(names, dtype names, arrays, description) of a tree."""
-    out = ([], [], [])
-    description = _encode(tree, (), out)
-    return out[0], out[1], out[2], description
+    names, dtypes, arrays, _, description = flatten_chunks(tree)
+    return names, dtypes, arrays, description
+
+
+def flatten_chunks(tree, process=0, process_count=1):
+    """(names, dtype names, arrays, chunks, description) of a tree whose
+    jax.Arrays may be sharded: such an array becomes the chunks this process
+    writes (chunks[i] = (array name, global shape, start); None for a whole
+    tensor). When several processes save one tree of global arrays, the
+    whole tensors (numpy arrays, scalars: the same on every process) are
+    written by process 0 alone."""
+    leaves = []
+    description = _encode(tree, (), leaves)
+    _jax.start_host_copies(value for _, value in leaves)
+    names, dtypes, arrays, chunks = [], [], [], []
+    sharded = any(_jax.needs_chunks(value) for _, value in leaves)
+    for name, value in leaves:
+        if _jax.needs_chunks(value):
+            global_shape = tuple(int(n) for n in value.shape)
+            for start, data in _jax.chunks(value, process):
+                array, _ = to_array(data, name)
+                names.append(_jax.chunk_name(name, start))
+                dtypes.append(_dtypes.dtype_name(array.dtype))
+                arrays.append(array)
+                chunks.append((name, global_shape, tuple(int(s) for s in start)))
+            continue
+        if sharded and process_count > 1 and process != 0:
+            continue
+        array, _ = to_array(value, name)
+        names.append(name)
+        dtypes.append(_dtypes.dtype_name(array.dtype))
+        arrays.append(array)
+        chunks.append(None)
+    return names, dtypes, arrays, chunks, description
 
 
 # The walkers are module functions taking their state as arguments, not
@@ -138,11 +186,8 @@ def _encode(node, path, out):
         kind = "list" if isinstance(node, list) else "tuple"
         return {kind: [_encode(v, path + (str(i),), out) for i, v in enumerate(node)]}
     name = _name(path)
-    array, leaf_kind = to_array(node, name)
-    out[0].append(name)
-    out[1].append(_dtypes.dtype_name(array.dtype))
-    out[2].append(array)
-    return {"leaf": name, "kind": leaf_kind}
+    out.append((name, node))
+    return {"leaf": name, "kind": _leaf_kind(node, name)}
 
 
 def _leaf_value(array, kind):
@@ -257,6 +302,29 @@ def _values_by_name(node, path=(), out=None):
     return out
 
 
+def named_leaves(tree, path=(), out=None):
+    """[(name, leaf), ...] of a target tree (names as flatten gives them)."""
+    out = [] if out is None else out
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            named_leaves(value, path + (str(key),), out)
+    elif _is_namedtuple(tree):
+        for f in tree._fields:
+            named_leaves(getattr(tree, f), path + (f,), out)
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            named_leaves(value, path + (str(i),), out)
+    elif tree is not None and not isinstance(tree, str):
+        out.append((_name(path), tree))
+    return out
+
+
+def has_jax_leaves(tree):
+    """Whether a target holds jax.Arrays or ShapeDtypeStructs."""
+    return _jax._jax() is not None and any(_jax.is_sharded_target(leaf) or _jax.is_abstract(leaf)
+                                           for _, leaf in named_leaves(tree))
+
+
 def _like_leaf(target, array, name):
     if isinstance(target, (bool, int, float)) and not isinstance(target, np.generic):
         if array.shape != ():
@@ -264,6 +332,8 @@ def _like_leaf(target, array, name):
         return type(target)(array)
     if isinstance(target, np.generic):
         return array[()]
+    if _jax.is_abstract(target) and not _jax.is_sharded_target(target):
+        _jax.check_target(name, target, _dtypes.dtype_name(array.dtype), array.shape)
     shape = getattr(target, "shape", None)
     if shape is not None and tuple(shape) != array.shape:
         raise ValueError(f"tensor {name!r}: the checkpoint has shape {array.shape}, "

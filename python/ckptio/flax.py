@@ -32,10 +32,17 @@ differs, and why:
   arrays (``save_checkpoint`` then returns once written). ``configure()``
   sets the managers' options (or use $CKPTIO_CONFIG).
 
+- Sharded jax.Arrays (``NamedSharding`` over a ``Mesh``, one process or
+  several after ``jax.distributed.initialize``): ``save_checkpoint`` and
+  ``save_checkpoint_multiprocess`` write each process's chunks (replicated
+  data once), and ``restore_checkpoint`` with a target of jax.Arrays (or
+  ``jax.ShapeDtypeStruct(..., sharding=...)``) returns jax.Arrays on the
+  target's shardings, reading only what this process's devices hold.
+
 The state is converted with ``flax.serialization.to_state_dict`` (so flax
 dataclasses such as TrainState work) when flax is importable, else with an
 equivalent for dicts, lists, tuples and namedtuples. Restored arrays are
-numpy arrays, as with flax.
+numpy arrays, as with flax, except where the target holds jax.Arrays.
 """
 import math
 import os
@@ -43,7 +50,7 @@ import re
 import threading
 from collections.abc import Mapping
 
-from . import _ckptio
+from . import _ckptio, _tree
 from ._errors import CkptioError
 from ._manager import CheckpointManager
 
@@ -277,12 +284,12 @@ def _steps(directory, prefix):
             manager.close()
 
 
-def _read(directory, prefix, step):
+def _read(directory, prefix, step, target=None):
     manager, owned = _open_reader(directory, prefix)
     if manager is None:
         raise ValueError(f"Matching checkpoint not found: {_join(directory, f'{prefix}{step}')}")
     try:
-        return manager.restore(step)
+        return manager.restore(step, target=target)
     finally:
         if owned:
             manager.close()
@@ -333,6 +340,18 @@ def save_checkpoint(ckpt_dir, target, step, prefix="checkpoint_", keep=1, overwr
     return ckpt_path
 
 
+def save_checkpoint_multiprocess(ckpt_dir, target, step, prefix="checkpoint_", keep=1, overwrite=False,
+                                 keep_every_n_steps=None, async_manager=None, gda_manager=None):
+    """flax's multi-process save: every process calls it with the same tree
+    of global (sharded) jax.Arrays; each writes the chunks it holds and the
+    processes commit one checkpoint (jax.distributed gives the process index,
+    count and barrier). ``async_manager`` and ``gda_manager`` are accepted
+    and ignored: ckptio saves in the background anyway."""
+    del async_manager, gda_manager
+    return save_checkpoint(ckpt_dir, target, step, prefix=prefix, keep=keep, overwrite=overwrite,
+                           keep_every_n_steps=keep_every_n_steps)
+
+
 def restore_checkpoint(ckpt_dir, target, step=None, prefix="checkpoint_"):
     """Restores the latest checkpoint in ``ckpt_dir`` (or ``step``), or the
     checkpoint ``ckpt_dir`` names. Returns ``target`` updated from it (the
@@ -356,7 +375,10 @@ def restore_checkpoint(ckpt_dir, target, step=None, prefix="checkpoint_"):
                 if not steps:
                     return target
                 step = steps[-1]
-        state = _read(directory, prefix, step)
+        # A target of (sharded) jax.Arrays or ShapeDtypeStructs is read onto
+        # its shardings: each process reads only what its devices hold.
+        wanted = _to_state_dict(target) if target is not None else None
+        state = _read(directory, prefix, step, wanted if wanted is not None and _tree.has_jax_leaves(wanted) else None)
     if target is None:
         return state
     return _from_state_dict(target, state)

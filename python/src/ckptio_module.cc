@@ -353,8 +353,10 @@ class PyManager {
   PyManager(const PyManager&) = delete;
   PyManager& operator=(const PyManager&) = delete;
 
+  // `chunks`: None, or one entry per tensor: None (a whole tensor) or
+  // (array name, global shape, start) for a chunk of a sharded array.
   py::object Save(int64_t step, const py::list& names, const py::list& dtypes, const py::list& arrays,
-                  const std::string& metadata_json) {
+                  const std::string& metadata_json, const py::object& chunks) {
     auto m = Get();
     HeldObjects::Drain();
     TakeUncollectedWaitError();
@@ -364,7 +366,16 @@ class PyManager {
     }
     std::vector<TensorRef> refs;
     refs.reserve(n);
-    for (size_t i = 0; i < n; ++i) refs.push_back(Ref(names[i], dtypes[i], arrays[i]));
+    if (!chunks.is_none() && py::len(chunks) != n) {
+      Check(InvalidArgumentError("save: names and chunks differ in length"));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      refs.push_back(Ref(names[i], dtypes[i], arrays[i]));
+      if (chunks.is_none() || chunks[py::int_(i)].is_none()) continue;
+      auto [array, global_shape, start] =
+          py::cast<std::tuple<std::string, std::vector<uint64_t>, std::vector<uint64_t>>>(chunks[py::int_(i)]);
+      refs.back().chunk = {std::move(array), std::move(global_shape), std::move(start)};
+    }
     // The manager holds the arrays (the caller's, or copies the package made
     // contiguous) until nothing reads them: the caller may drop its own
     // references as soon as save() returns, in borrow mode too.
@@ -440,6 +451,52 @@ class PyManager {
       tensors.append(py::make_tuple(t.name, py::array(dt, shape, data, data ? py::handle(base) : py::handle())));
     }
     return py::make_tuple(rc.step, rc.metadata_json, tensors);
+  }
+
+  // [(name, dtype name, shape, None or (array, global shape, start)), ...]
+  // of checkpoint `step`, as its manifest lists them.
+  py::list Tensors(int64_t step) {
+    auto m = Get();
+    Result<CheckpointInfo> info = [&] {
+      py::gil_scoped_release release;
+      return m->Info(step);
+    }();
+    CheckpointInfo i = Take(std::move(info));
+    py::list out;
+    for (const TensorInfo& t : i.tensor_list) {
+      py::object chunk = py::none();
+      if (!t.chunk.empty()) {
+        chunk = py::make_tuple(t.chunk.array, py::tuple(py::cast(t.chunk.global_shape)), py::tuple(py::cast(t.chunk.start)));
+      }
+      out.append(py::make_tuple(t.name, std::string(base::DTypeName(t.dtype)), py::tuple(py::cast(t.shape)), chunk));
+    }
+    return out;
+  }
+
+  // Reads byte ranges of named tensors of checkpoint `step` into writable
+  // buffers: [(name, byte offset into the tensor, buffer), ...]; the length
+  // read is each buffer's size. Returns the step read.
+  int64_t RestoreSlices(std::optional<int64_t> step, const py::list& slices) {
+    auto m = Get();
+    std::vector<TensorSlice> refs;
+    refs.reserve(py::len(slices));
+    for (py::handle item : slices) {
+      auto slice = py::cast<py::tuple>(item);
+      if (slice.size() != 3) Check(InvalidArgumentError("restore_slices: each slice is (name, offset, buffer)"));
+      auto name = py::cast<std::string>(slice[0]);
+      if (!py::isinstance<py::array>(slice[2])) Check(InvalidArgumentError("restore_slices: tensor \"" + name + "\": the buffer is not a numpy array"));
+      auto buffer = py::reinterpret_borrow<py::array>(slice[2]);
+      if ((buffer.flags() & py::array::c_style) == 0 || !buffer.writeable()) {
+        Check(InvalidArgumentError("restore_slices: tensor \"" + name + "\": the buffer is not a writable C-contiguous array"));
+      }
+      refs.push_back({std::move(name), py::cast<uint64_t>(slice[1]), static_cast<uint64_t>(buffer.nbytes()),
+                      buffer.mutable_data()});
+    }
+    Result<int64_t> read = [&] {
+      py::gil_scoped_release release;
+      return m->RestoreSlices(step, refs);
+    }();
+    return Take(std::move(read));
   }
 
   std::vector<int64_t> AllSteps() { return Get()->AllSteps(); }
@@ -682,7 +739,9 @@ PYBIND11_MODULE(_ckptio, m) {
            py::arg("root"), py::arg("config"), py::arg("overrides"), py::arg("read_only"),
            py::arg("barrier") = py::none())
       .def("save", &PyManager::Save, py::arg("step"), py::arg("names"), py::arg("dtypes"), py::arg("arrays"),
-           py::arg("metadata_json"))
+           py::arg("metadata_json"), py::arg("chunks") = py::none())
+      .def("tensors", &PyManager::Tensors, py::arg("step"))
+      .def("restore_slices", &PyManager::RestoreSlices, py::arg("step"), py::arg("slices"))
       .def("wait_until_finished", &PyManager::WaitUntilFinished)
       .def("close", &PyManager::Close)
       .def("abandon", &PyManager::Abandon)

@@ -26,6 +26,10 @@ else:
     sys.path.insert(0, str(MODULE_PATH))
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Eight CPU devices in the test process, for sharded jax.Arrays (test_py_sharded.py);
+# set before anything imports jax. Child processes choose their own.
+HOST_DEVICES = "--xla_force_host_platform_device_count=8"
+os.environ.setdefault("XLA_FLAGS", HOST_DEVICES)
 
 # The GCS emulator, fault proxy and official client fixtures (tests/gcs).
 sys.path.insert(0, str(REPO / "tests" / "gcs"))
@@ -56,6 +60,8 @@ def flax_ckpt():
 def child_env():
     """The environment for a child Python that imports the same ckptio."""
     env = dict(os.environ)
+    if env.get("XLA_FLAGS") == HOST_DEVICES:
+        del env["XLA_FLAGS"]
     if MODULE_PATH is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(MODULE_PATH)] + [p for p in [env.get("PYTHONPATH")] if p])
     env["JAX_PLATFORMS"] = "cpu"

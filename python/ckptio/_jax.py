@@ -1,0 +1,292 @@
+"""Sharded jax.Arrays: chunks on save, any sharding on restore.
+
+Save: a jax.Array spread over several devices (or processes) is stored as the
+chunks this process holds, each with its box in the global array (the
+manifest records them; format_version 2). Data held by several devices is
+written once in total: the processes holding a replicated shard split it
+among themselves along the first axis their number divides (replica-parallel),
+else the first of them writes it whole.
+
+Restore: each process reads, for every device of the target's sharding, only
+the chunks that overlap that device's slice, with ranged reads, and builds the
+array with jax.make_array_from_single_device_arrays. A checkpoint saved on one
+mesh restores onto any other, and whole (numpy) tensors restore into sharded
+targets and back.
+
+jax is never imported here: it is used only when the caller's tree or target
+already holds jax objects (sys.modules["jax"]).
+"""
+import sys
+
+import numpy as np
+
+from . import _dtypes
+
+
+def _jax():
+    return sys.modules.get("jax")
+
+
+def is_jax_array(x):
+    jax = _jax()
+    return jax is not None and isinstance(x, jax.Array)
+
+
+def is_sharded_target(x):
+    """A target leaf that asks for a jax.Array: a jax.Array, or a
+    ShapeDtypeStruct with a sharding."""
+    jax = _jax()
+    if jax is None:
+        return False
+    if isinstance(x, jax.Array):
+        return True
+    return isinstance(x, jax.ShapeDtypeStruct) and getattr(x, "sharding", None) is not None
+
+
+def is_abstract(x):
+    jax = _jax()
+    return jax is not None and isinstance(x, jax.ShapeDtypeStruct)
+
+
+def needs_chunks(x):
+    """A jax.Array saved as chunks: one spread over several devices, or not
+    fully addressable from this process."""
+    if not is_jax_array(x):
+        return False
+    if not x.is_fully_addressable:
+        return True  # a global array: this process holds part of it
+    # Over several devices of this process: chunks, unless every device holds
+    # all of it (np.asarray reads one replica, without gathering).
+    return len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated
+
+
+def chunk_name(array, start):
+    """The manifest's name of the chunk of `array` starting at `start` (C++ ChunkName)."""
+    return f"{array}@{','.join(str(s) for s in start)}"
+
+
+def _box(index, shape):
+    """A tuple of slices (a device's index) -> ((start, stop), ...)."""
+    return tuple(sl.indices(n)[:2] for sl, n in zip(index, shape))
+
+
+# (sharding, shape, process) -> [(start, stop box, device to read from, local slices)]
+_plans = {}
+
+
+def _write_plan(sharding, shape, process):
+    key = (sharding, shape, process)
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    holders = {}  # box -> devices holding it, in device id order
+    for device, index in sharding.devices_indices_map(shape).items():
+        holders.setdefault(_box(index, shape), []).append(device)
+    plan = []
+    for box, devices in holders.items():
+        devices.sort(key=lambda d: d.id)
+        processes = sorted({d.process_index for d in devices})
+        if process not in processes:
+            continue
+        mine = next(d for d in devices if d.process_index == process)
+        extents = [stop - start for start, stop in box]
+        count = len(processes)
+        axis = next((a for a, e in enumerate(extents) if e > 0 and e % count == 0), None) if count > 1 else None
+        local = [slice(0, e) for e in extents]
+        piece = list(box)
+        if count > 1 and axis is None:
+            if process != processes[0]:
+                continue  # nothing divides: the first holder writes it whole
+        elif count > 1:
+            k, part = processes.index(process), extents[axis] // count
+            local[axis] = slice(k * part, (k + 1) * part)
+            piece[axis] = (box[axis][0] + k * part, box[axis][0] + (k + 1) * part)
+        plan.append((tuple(s for s, _ in piece), tuple(e - s for s, e in piece), mine, tuple(local)))
+    if len(_plans) > 4096:
+        _plans.clear()
+    _plans[key] = plan
+    return plan
+
+
+def start_host_copies(leaves):
+    """Starts the device-to-host copies of every shard of every leaf at once,
+    so that the transfers overlap (no-op for arrays already on the CPU)."""
+    for x in leaves:
+        if not is_jax_array(x):
+            continue
+        for shard in x.addressable_shards:
+            if shard.device.platform != "cpu":
+                shard.data.copy_to_host_async()
+
+
+def chunks(x, process):
+    """[(start, numpy array), ...]: the chunks of jax.Array `x` this process
+    writes. The arrays are host views of the device buffers (no copy on the
+    CPU) or slices of them."""
+    by_device = {s.device: s for s in x.addressable_shards}
+    out = []
+    for start, _, device, local in _write_plan(x.sharding, tuple(x.shape), process):
+        data = np.asarray(by_device[device].data)
+        whole = all((sl.start, sl.stop) == (0, n) for sl, n in zip(local, data.shape))
+        out.append((start, data if whole else data[local]))
+    return out
+
+
+# ---- restoring --------------------------------------------------------------
+
+
+class Catalog:
+    """A checkpoint's arrays, from its manifest: name -> (dtype name, global
+    shape, [(tensor name, start, shape), ...]). A whole tensor is an array of
+    one chunk at the origin."""
+
+    def __init__(self, tensors):
+        self.arrays = {}
+        self.chunked = False
+        for name, dtype, shape, chunk in tensors:
+            if chunk is None:
+                self.arrays[name] = (dtype, tuple(shape), [(name, (0,) * len(shape), tuple(shape))])
+            else:
+                self.chunked = True
+                array, global_shape, start = chunk
+                entry = self.arrays.setdefault(array, (dtype, tuple(global_shape), []))
+                entry[2].append((name, tuple(start), tuple(shape)))
+
+    def __contains__(self, name):
+        return name in self.arrays
+
+
+def _contiguous_rows(region, shape):
+    """For a box `region` ((start, stop) per axis) inside an array of `shape`:
+    (first element, elements) if its elements are one contiguous run in
+    row-major order, else None."""
+    rank = len(shape)
+    k = 0  # axes before k have extent 1, axes after k span the whole array
+    while k < rank and region[k][1] - region[k][0] == 1:
+        k += 1
+    if any(region[a] != (0, shape[a]) for a in range(k + 1, rank)):
+        return None
+    first, stride = 0, 1
+    for a in reversed(range(rank)):
+        first += region[a][0] * stride
+        stride *= shape[a]
+    count = 1
+    for a in range(k, rank):
+        count *= region[a][1] - region[a][0]
+    return first, count
+
+
+class Reads:
+    """Byte-range reads of many boxes of many arrays, done in one
+    restore_slices call (parallel, ranged), then copied into place where a
+    chunk's part is not contiguous in the destination."""
+
+    def __init__(self, catalog):
+        self.catalog = catalog
+        self.slices = []  # (tensor name, byte offset, buffer)
+        self.copies = []  # (destination view, temp, temp slices)
+
+    def box(self, name, box, dtype):
+        """A numpy array of `dtype` that holds box `box` of array `name`
+        once run() returns."""
+        _, global_shape, chunk_list = self.catalog.arrays[name]
+        out = np.empty(tuple(stop - start for start, stop in box), dtype=dtype)
+        itemsize = out.dtype.itemsize
+        flat = out.reshape(-1)
+        for tensor, start, shape in chunk_list:
+            ov = []
+            for a in range(len(shape)):
+                lo, hi = max(start[a], box[a][0]), min(start[a] + shape[a], box[a][1])
+                if lo >= hi:
+                    break
+                ov.append((lo, hi))
+            else:
+                if not shape and not box:  # a scalar
+                    self.slices.append((tensor, 0, flat))
+                    continue
+                in_chunk = tuple((lo - s, hi - s) for (lo, hi), s in zip(ov, start))
+                in_out = tuple((lo - b[0], hi - b[0]) for (lo, hi), b in zip(ov, box))
+                src = _contiguous_rows(in_chunk, shape)
+                dst = _contiguous_rows(in_out, out.shape)
+                if src is not None and dst is not None:
+                    self.slices.append((tensor, src[0] * itemsize, flat[dst[0]:dst[0] + dst[1]]))
+                    continue
+                # The chunk's rows that hold the overlap, read whole, then copied.
+                rows = (in_chunk[0][0], in_chunk[0][1])
+                row_elems = int(np.prod(shape[1:], dtype=np.int64))
+                temp = np.empty((rows[1] - rows[0],) + tuple(shape[1:]), dtype=dtype)
+                self.slices.append((tensor, rows[0] * row_elems * itemsize, temp))
+                part = (slice(0, rows[1] - rows[0]),) + tuple(slice(lo, hi) for lo, hi in in_chunk[1:])
+                self.copies.append((out[tuple(slice(lo, hi) for lo, hi in in_out)], temp, part))
+        return out
+
+    def run(self, manager, step):
+        if self.slices:
+            manager.restore_slices(step, self.slices)
+        for dst, temp, part in self.copies:
+            dst[...] = temp[part]
+        self.slices, self.copies = [], []
+
+
+def check_target(name, target, dtype_name, global_shape):
+    """Raises ValueError naming the tensor if the target's shape or dtype
+    differs from the checkpoint's."""
+    shape = tuple(getattr(target, "shape", ()))
+    if shape != global_shape:
+        raise ValueError(f"tensor {name!r}: the checkpoint has shape {global_shape}, the target {shape}")
+    want = np.dtype(target.dtype)
+    have = _dtypes.NUMPY_DTYPES[dtype_name]
+    if want != have:
+        raise ValueError(f"tensor {name!r}: the checkpoint has dtype {have}, the target {want}")
+
+
+def plan_sharded(reads, name, target):
+    """Queues the reads a sharded target leaf needs; returns a function that
+    builds the jax.Array once they are done."""
+    jax = _jax()
+    dtype_name, global_shape, _ = reads.catalog.arrays[name]
+    check_target(name, target, dtype_name, global_shape)
+    sharding = target.sharding
+    dtype = _dtypes.NUMPY_DTYPES[dtype_name]
+    by_box = {}
+    devices = []
+    for device, index in sharding.addressable_devices_indices_map(global_shape).items():
+        box = _box(index, global_shape)
+        if box not in by_box:
+            by_box[box] = reads.box(name, box, dtype)
+        devices.append((device, box))
+
+    def build():
+        arrays = [jax.device_put(by_box[box], device) for device, box in devices]
+        return jax.make_array_from_single_device_arrays(global_shape, sharding, arrays)
+
+    return build
+
+
+def plan_whole(reads, name, dtype=None):
+    """Queues the reads of a whole array; returns a function giving it as numpy."""
+    dtype_name, global_shape, _ = reads.catalog.arrays[name]
+    out = reads.box(name, tuple((0, n) for n in global_shape), dtype or _dtypes.NUMPY_DTYPES[dtype_name])
+    return lambda: out
+
+
+def distributed_defaults(root):
+    """(process index, process count, barrier) from jax's distributed runtime
+    when jax.distributed.initialize() made this a multi-process job, else None.
+    The barrier is the coordination service's (the same one
+    multihost_utils.sync_global_devices relies on), without a device computation."""
+    if _jax() is None:
+        return None
+    try:
+        from jax._src import distributed
+    except ImportError:
+        return None
+    state = distributed.global_state
+    client = getattr(state, "client", None)
+    if client is None or (state.num_processes or 1) <= 1:
+        return None
+
+    def barrier(name):
+        client.wait_at_barrier(f"ckptio:{root}:{name}", 30 * 60 * 1000)
+
+    return state.process_id, state.num_processes, barrier

@@ -1,0 +1,146 @@
+"""The part of orbax.checkpoint's CheckpointManager a training loop uses.
+
+    # import orbax.checkpoint as ocp
+    from ckptio import orbax as ocp
+
+    mgr = ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(max_to_keep=3))
+    mgr.save(step, args=ocp.args.StandardSave(state))
+    mgr.wait_until_finished()
+    state = mgr.restore(mgr.latest_step(), args=ocp.args.StandardRestore(abstract_state))
+
+A loop written against orbax changes its import (and nothing else, for the
+calls below). Differences:
+
+- The layout on disk is ckptio's (``<path>/<step>/manifest.json`` and
+  safetensors shards; orbax's step directories are bare step numbers, and
+  so are these), not orbax's: ckptio reads its own checkpoints only.
+- ``args`` are ``StandardSave`` / ``StandardRestore`` / ``PyTreeSave`` /
+  ``PyTreeRestore`` (a tree of arrays); orbax's ``Composite`` of several
+  items is not provided: save one dict of them.
+- ``CheckpointManagerOptions`` honours ``max_to_keep``,
+  ``keep_period``, ``save_interval_steps`` and ``step_prefix``; other
+  fields are accepted and ignored.
+- Saves are always asynchronous (orbax's ``enable_async_checkpointing``).
+- Multi-process jobs (``jax.distributed.initialize``) need nothing more:
+  the process index, count and barrier come from jax.
+"""
+import dataclasses
+import types
+
+from ._manager import CheckpointManager as _Manager
+
+
+@dataclasses.dataclass
+class CheckpointManagerOptions:
+    max_to_keep: int = None
+    keep_period: int = None
+    save_interval_steps: int = 1
+    step_prefix: str = None
+    enable_async_checkpointing: bool = True
+    create: bool = True
+
+    def __init__(self, max_to_keep=None, keep_period=None, save_interval_steps=1, step_prefix=None, **ignored):
+        self.max_to_keep, self.keep_period = max_to_keep, keep_period
+        self.save_interval_steps, self.step_prefix = save_interval_steps, step_prefix
+        self.enable_async_checkpointing, self.create = True, True
+
+
+@dataclasses.dataclass
+class _Item:
+    item: object = None
+
+
+class StandardSave(_Item):
+    pass
+
+
+class StandardRestore(_Item):
+    pass
+
+
+class PyTreeSave(_Item):
+    pass
+
+
+class PyTreeRestore(_Item):
+    pass
+
+
+args = types.SimpleNamespace(StandardSave=StandardSave, StandardRestore=StandardRestore, PyTreeSave=PyTreeSave,
+                             PyTreeRestore=PyTreeRestore)
+
+
+class CheckpointManager:
+    """orbax.checkpoint.CheckpointManager's save / restore / step surface over
+    a ckptio.CheckpointManager (``.manager``). Keyword ``options`` of ckptio
+    (``staging_memory="1GiB"``, ...) pass through as ``**ckptio_options``."""
+
+    def __init__(self, directory, item_names=None, options=None, **ckptio_options):
+        del item_names
+        options = options or CheckpointManagerOptions()
+        self._interval = max(1, int(options.save_interval_steps or 1))
+        keep = options.max_to_keep if options.max_to_keep is not None else 0  # orbax keeps all by default
+        ckptio_options.setdefault("prefix", options.step_prefix + "_" if options.step_prefix else "")
+        self.manager = _Manager(str(directory), keep=keep, keep_every=options.keep_period, **ckptio_options)
+
+    def should_save(self, step):
+        latest = self.manager.latest_step()
+        in_flight = self.manager.saves_in_flight()
+        newest = max([s for s in [latest] + in_flight if s is not None], default=None)
+        return (newest is None or step > newest) and step % self._interval == 0
+
+    def save(self, step, args=None, metadata=None, force=False, items=None):
+        """Saves ``args.item`` (a pytree) as ``step`` in the background;
+        returns False (and saves nothing) when ``should_save(step)`` is
+        False and ``force`` is not set."""
+        tree = args.item if args is not None else items
+        if tree is None:
+            raise ValueError("save: pass args=ocp.args.StandardSave(tree)")
+        if not force and not self.should_save(step):
+            return False
+        self.manager.save(step, tree, metadata=metadata)
+        return True
+
+    def restore(self, step=None, args=None, items=None):
+        """The checkpoint of ``step`` (default: the latest), shaped like
+        ``args.item`` (jax.ShapeDtypeStructs with shardings give jax.Arrays
+        on those shardings), or as saved without one."""
+        target = args.item if args is not None else items
+        return self.manager.restore(step, target=target)
+
+    def item_metadata(self, step):
+        return self.manager.info(step)
+
+    def metadata(self, step=None):
+        return self.manager.metadata(step)
+
+    def latest_step(self):
+        return self.manager.latest_step()
+
+    def all_steps(self, read=False):
+        del read
+        return self.manager.all_steps()
+
+    def delete(self, step):
+        self.manager.delete(step)
+
+    def wait_until_finished(self):
+        self.manager.wait_until_finished()
+
+    def check_for_errors(self):
+        """Raises the failure of a background save not reported yet."""
+        if not self.manager.saves_in_flight():
+            self.manager.wait_until_finished()
+
+    @property
+    def directory(self):
+        return self.manager.root
+
+    def close(self):
+        self.manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,299 @@
+"""Sharded jax.Arrays: saved as the chunks each process holds (their boxes in
+the manifest), restored onto any mesh, any number of processes.
+
+One process with the 8 CPU devices conftest.py asks for, and jax.distributed
+jobs of 2 processes on 127.0.0.1 started here, saving to the local disk and
+to the GCS emulator, restored onto other meshes and process counts."""
+import json
+import pathlib
+import socket
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import ckptio
+
+SHAPE = (64, 16)
+
+
+def global_value(name, step):
+    """The global array `name` holds at `step`: distinct bytes per name and step."""
+    seed = sum(map(ord, name)) + 1000 * step
+    return (np.arange(np.prod(SHAPE), dtype=np.float32).reshape(SHAPE) + seed) * 0.5
+
+
+def mesh(shape):
+    return Mesh(np.array(jax.devices()).reshape(shape), tuple("abc"[:len(shape)]))
+
+
+# Every kind of sharding: two axes, one axis, fully replicated, partially replicated.
+SPECS = {"two": ((4, 2), P("a", "b")), "one": ((4, 2), P("a")), "rep": ((4, 2), P()),
+         "part": ((4, 2), P(None, "b"))}
+
+
+def sharded_state(step):
+    state = {name: jax.device_put(global_value(name, step), NamedSharding(mesh(m), spec))
+             for name, (m, spec) in SPECS.items()}
+    state["opt"] = {"count": step, "lr": np.float32(0.1)}
+    return state
+
+
+def chunks_by_array(manifest):
+    arrays = {}
+    for t in manifest["tensors"]:
+        arrays.setdefault(t.get("array", t["name"]), []).append(t)
+    return arrays
+
+
+def test_every_sharding_kind_round_trips_bit_exact_and_the_manifest_records_each_chunks_box(tmp_path, small):
+    with ckptio.CheckpointManager(tmp_path, **small) as mgr:
+        mgr.save(1, sharded_state(1))
+        mgr.wait_until_finished()
+        back = mgr.restore(1)
+    for name in SPECS:
+        assert isinstance(back[name], np.ndarray) and back[name].tobytes() == global_value(name, 1).tobytes(), name
+    assert back["opt"] == {"count": 1, "lr": np.float32(0.1)}
+
+    manifest = json.loads((tmp_path / "checkpoint_1" / "manifest.json").read_text())
+    assert manifest["format_version"] == 2
+    arrays = chunks_by_array(manifest)
+    # (4, 2) mesh over both axes: 8 boxes of 16 x 8.
+    assert sorted(tuple(t["start"]) for t in arrays["two"]) == [(r, c) for r in (0, 16, 32, 48) for c in (0, 8)]
+    assert {tuple(t["shape"]) for t in arrays["two"]} == {(16, 8)}
+    assert {t["name"] for t in arrays["two"]} == {f"two@{r},{c}" for r in (0, 16, 32, 48) for c in (0, 8)}
+    assert all(t["global_shape"] == list(SHAPE) for t in arrays["two"])
+    # Replicated data is written once: each array's bytes on disk are its global bytes, not x replicas.
+    for name in SPECS:
+        assert sum(t["bytes"] for t in arrays[name]) == global_value(name, 1).nbytes, name
+    assert [t["name"] for t in arrays["rep"]] == ["rep"]  # fully replicated: one whole tensor
+    assert sorted(tuple(t["start"]) for t in arrays["part"]) == [(0, 0), (0, 8)]
+
+
+@pytest.mark.parametrize("target_mesh,spec", [((2, 4), P("a", "b")), ((8,), P("a")), ((8,), P(None, "a")),
+                                              ((1,), P()), ((4, 2), P("b", "a")), ((2, 4), P(None, "b"))],
+                         ids=["2x4", "8-rows", "8-cols", "one-device", "transposed", "partly-replicated"])
+def test_a_checkpoint_saved_on_a_4x2_mesh_restores_onto_another_mesh(tmp_path, small, target_mesh, spec):
+    with ckptio.CheckpointManager(tmp_path, **small) as mgr:
+        mgr.save(1, sharded_state(1))
+        mgr.wait_until_finished()
+        devices = np.array(jax.devices()[:int(np.prod(target_mesh))]).reshape(target_mesh)
+        sharding = NamedSharding(Mesh(devices, tuple("abc"[:len(target_mesh)])), spec)
+        target = {name: jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding) for name in SPECS}
+        back = mgr.restore(1, target=target)
+    for name in SPECS:
+        assert isinstance(back[name], jax.Array) and back[name].sharding == sharding, name
+        assert np.asarray(back[name]).tobytes() == global_value(name, 1).tobytes(), name
+        for shard in back[name].addressable_shards:  # each device holds its own slice
+            assert np.asarray(shard.data).tobytes() == global_value(name, 1)[shard.index].tobytes()
+
+
+def test_a_subtree_restores_alone_and_numpy_and_sharded_checkpoints_restore_into_each_other(tmp_path, small):
+    sharding = NamedSharding(mesh((2, 4)), P("b", "a"))
+    with ckptio.CheckpointManager(tmp_path / "a", **small) as mgr:
+        mgr.save(1, sharded_state(1))
+        part = mgr.restore(1, target={"two": jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding)})
+        assert list(part) == ["two"] and np.asarray(part["two"]).tobytes() == global_value("two", 1).tobytes()
+        as_numpy = mgr.restore(1, target={"one": np.zeros(SHAPE, np.float32)})
+        assert isinstance(as_numpy["one"], np.ndarray)
+        assert as_numpy["one"].tobytes() == global_value("one", 1).tobytes()
+    with ckptio.CheckpointManager(tmp_path / "b", **small) as mgr:  # saved from numpy
+        mgr.save(1, {"w": global_value("w", 1)})
+        back = mgr.restore(1, target={"w": jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding)})
+        assert back["w"].sharding == sharding
+        assert np.asarray(back["w"]).tobytes() == global_value("w", 1).tobytes()
+        like = mgr.restore(1, target={"w": jax.device_put(np.zeros(SHAPE, np.float32), sharding)})
+        assert like["w"].sharding == sharding and np.asarray(like["w"]).tobytes() == global_value("w", 1).tobytes()
+
+
+def test_a_target_that_differs_from_the_checkpoint_raises_naming_the_tensor(tmp_path, small):
+    sharding = NamedSharding(mesh((4, 2)), P("a"))
+    with ckptio.CheckpointManager(tmp_path, **small) as mgr:
+        mgr.save(1, sharded_state(1))
+        with pytest.raises(ValueError, match=r"tensor 'two': the checkpoint has shape \(64, 16\), the target \(64, 8\)"):
+            mgr.restore(1, target={"two": jax.ShapeDtypeStruct((64, 8), jnp.float32, sharding=sharding)})
+        with pytest.raises(ValueError, match=r"tensor 'one': the checkpoint has dtype float32, the target bfloat16"):
+            mgr.restore(1, target={"one": jax.ShapeDtypeStruct(SHAPE, jnp.bfloat16, sharding=sharding)})
+        with pytest.raises(ValueError, match=r"no tensor for 1 leaf\(s\) of the target: 'missing'"):
+            mgr.restore(1, target={"missing": jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding)})
+
+
+@pytest.mark.parametrize("snapshot", ["copy", "borrow"])
+def test_a_step_that_donates_the_state_right_after_a_save_does_not_change_the_checkpoint(tmp_path, snapshot):
+    # jax on the CPU refuses a donation while something outside holds the
+    # buffer (the borrowed numpy view): the step then writes a new buffer.
+    sharding = NamedSharding(mesh((4, 2)), P("a", "b"))
+    state = {"w": jax.device_put(global_value("w", 1), sharding),
+             "b": jax.device_put(global_value("b", 1), NamedSharding(mesh((8,)), P()))}
+    step = jax.jit(lambda s: jax.tree_util.tree_map(lambda x: x * 3.0 - 7.0, s), donate_argnums=0)
+    with ckptio.CheckpointManager(tmp_path, staging_memory="64MiB", snapshot=snapshot) as mgr:
+        mgr.save(1, state)
+        state = step(state)  # donates the saved buffers while the save may still read them
+        jax.block_until_ready(state)
+        mgr.wait_until_finished()
+        back = mgr.restore(1)
+    assert back["w"].tobytes() == global_value("w", 1).tobytes()
+    assert back["b"].tobytes() == global_value("b", 1).tobytes()
+    assert np.asarray(state["w"]).tobytes() == (global_value("w", 1) * 3.0 - 7.0).tobytes()
+
+
+CHILD = r"""
+import json, sys
+import numpy as np
+index, count, port, roots_json = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=count, process_id=index)
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, Mesh, PartitionSpec as P
+sys.path.insert(0, sys.argv[5])
+import test_py_sharded as t
+import ckptio
+
+roots = json.loads(roots_json)
+for root in roots["save"]:
+    # No process_index, process_count or barrier: they come from jax.distributed.
+    with ckptio.CheckpointManager(root, staging_memory="16MiB", threads=2) as mgr:
+        for step in (1, 2):
+            mgr.save(step, t.sharded_state(step))
+        mgr.wait_until_finished()
+        print(index, root, "steps", mgr.all_steps(), flush=True)
+
+def check(root, step, mesh_shape, spec):
+    sharding = NamedSharding(t.mesh(mesh_shape), spec)
+    target = {name: jax.ShapeDtypeStruct(t.SHAPE, jnp.float32, sharding=sharding) for name in t.SPECS}
+    target["opt"] = {"count": 0, "lr": np.float32(0)}
+    with ckptio.CheckpointManager(root, read_only=True) as mgr:
+        back = mgr.restore(step, target=target)
+    for name in t.SPECS:
+        got = np.asarray(multihost_utils.process_allgather(back[name], tiled=True))
+        assert got.tobytes() == t.global_value(name, step).tobytes(), (root, name)
+    assert back["opt"] == {"count": step, "lr": np.float32(0.1)}, back["opt"]
+    print(index, "restored", root, step, mesh_shape, flush=True)
+
+for root in roots["save"]:
+    check(root, 1, (2, 4), P("a", "b"))
+    check(root, 2, (8,), P(None, "a"))
+for root in roots["restore"]:  # saved by one process with 8 devices
+    check(root, 1, (4, 2), P("b", "a"))
+print(index, "done", flush=True)
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(count, roots, env):
+    env = dict(env)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // count}"
+    port = free_port()
+    here = str(pathlib.Path(__file__).parent)
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(i), str(count), str(port), json.dumps(roots), here],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(count)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=300)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    for i, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"{i} done" in out, f"process {i} of {count}:\n{out}"
+    return outs
+
+
+def test_two_processes_save_a_sharded_state_to_disk_and_gcs_and_it_restores_on_one_and_two(
+        tmp_path, small, child_env, gcs_env, gcs_root, gcs_direct_client):
+    one = tmp_path / "saved-by-one"
+    with ckptio.CheckpointManager(one, **small) as mgr:
+        mgr.save(1, sharded_state(1))
+    local = tmp_path / "saved-by-two"
+    env = dict(child_env, **{k: v for k, v in gcs_env.items() if k.startswith(("STORAGE_EMULATOR", "GCE_METADATA"))})
+    env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    run_job(2, {"save": [str(local), gcs_root], "restore": [str(one)]}, env)
+
+    # Two processes -> one: every global array bit-exact on a mesh of this process's 8 devices.
+    sharding = NamedSharding(mesh((8,)), P("a"))
+    for root in (local, gcs_root):
+        with ckptio.CheckpointManager(root, read_only=True) as mgr:
+            assert mgr.all_steps() == [1, 2]
+            target = {name: jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding) for name in SPECS}
+            back = mgr.restore(2, target=target)
+            for name in SPECS:
+                assert np.asarray(back[name]).tobytes() == global_value(name, 2).tobytes(), (root, name)
+            assert mgr.verify(2)["tensors"] > len(SPECS)
+
+    # Each process wrote its own chunks; replicated data once in total, split between the two.
+    manifest = json.loads((local / "checkpoint_2" / "manifest.json").read_text())
+    arrays = chunks_by_array(manifest)
+    for name in SPECS:
+        assert sum(t["bytes"] for t in arrays[name]) == global_value(name, 2).nbytes, name
+    assert {t["shard"].split("-")[1] for t in arrays["rep"]} == {"p00000", "p00001"}
+    assert sorted(tuple(t["start"]) for t in arrays["rep"]) == [(0, 0), (32, 0)]
+    assert [t["name"] for t in arrays["opt/count"]] == ["opt/count"]  # process 0 alone wrote the scalars
+    # The official client reads the same manifest from the emulator.
+    bucket = gcs_direct_client.bucket(gcs_root.split("/")[2])
+    remote = json.loads(bucket.blob("run/checkpoint_2/manifest.json").download_as_bytes())
+    assert sorted(t["name"] for t in remote["tensors"]) == sorted(t["name"] for t in manifest["tensors"])
+
+
+def test_the_flax_drop_in_saves_sharded_state_and_restores_it_onto_the_targets_shardings(tmp_path, flax_ckpt):
+    state = sharded_state(3)
+    flax_ckpt.save_checkpoint_multiprocess(str(tmp_path), state, 3)
+    sharding = NamedSharding(mesh((2, 4)), P(None, "a"))
+    target = {name: jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding) for name in SPECS}
+    target["opt"] = {"count": 0, "lr": np.float32(0)}
+    back = flax_ckpt.restore_checkpoint(str(tmp_path), target)
+    for name in SPECS:
+        assert back[name].sharding == sharding
+        assert np.asarray(back[name]).tobytes() == global_value(name, 3).tobytes(), name
+    assert back["opt"] == {"count": 3, "lr": np.float32(0.1)}
+
+
+def test_a_loop_written_for_orbax_runs_with_only_its_import_changed(tmp_path):
+    from ckptio import orbax as ocp
+
+    sharding = NamedSharding(mesh((4, 2)), P("a", "b"))
+    options = ocp.CheckpointManagerOptions(max_to_keep=2, save_interval_steps=2)
+    with ocp.CheckpointManager(tmp_path / "run", options=options, staging_memory="64MiB") as mgr:
+        saved = []
+        for step in range(1, 8):
+            state = {"w": jax.device_put(global_value("w", step), sharding), "step": step}
+            saved.append(mgr.save(step, args=ocp.args.StandardSave(state)))
+        mgr.wait_until_finished()
+        assert saved == [False, True, False, True, False, True, False]
+        assert mgr.all_steps() == [4, 6] and mgr.latest_step() == 6
+        abstract = {"w": jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding), "step": 0}
+        back = mgr.restore(mgr.latest_step(), args=ocp.args.StandardRestore(abstract))
+    assert back["step"] == 6 and back["w"].sharding == sharding
+    assert np.asarray(back["w"]).tobytes() == global_value("w", 6).tobytes()
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if not p.name.startswith(".")) == ["4", "6"]
+
+
+def test_four_processes_of_two_devices_save_and_restore_from_and_onto_one(tmp_path, small, child_env):
+    one = tmp_path / "saved-by-one"
+    with ckptio.CheckpointManager(one, **small) as mgr:
+        mgr.save(1, sharded_state(1))
+    four = tmp_path / "saved-by-four"
+    run_job(4, {"save": [str(four)], "restore": [str(one)]}, child_env)
+    sharding = NamedSharding(mesh((2, 4)), P("b"))
+    with ckptio.CheckpointManager(four, read_only=True) as mgr:
+        target = {name: jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding) for name in SPECS}
+        back = mgr.restore(2, target=target)
+    for name in SPECS:
+        assert np.asarray(back[name]).tobytes() == global_value(name, 2).tobytes(), name
+    arrays = chunks_by_array(json.loads((four / "checkpoint_2" / "manifest.json").read_text()))
+    # The replicated array, split four ways, one quarter from each process.
+    assert sorted(t["shard"].split("-")[1] for t in arrays["rep"]) == ["p00000", "p00001", "p00002", "p00003"]
+    for name in SPECS:
+        assert sum(t["bytes"] for t in arrays[name]) == global_value(name, 2).nbytes, name
