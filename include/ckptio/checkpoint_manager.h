@@ -168,8 +168,11 @@ class CKPTIO_EXPORT CheckpointManager {
   // written (or the save failed). It is dropped on a ckptio thread. How a
   // caller whose buffers go away when unreferenced (Python's arrays, a
   // temporary contiguous copy) lends them for the length of a save.
+  // `snapshot`, if set, is this save's mode instead of options.snapshot: a
+  // caller that knows its buffers are immutable (jax arrays) borrows them.
   Result<SaveHandle> Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
-                          std::shared_ptr<const void> keep_alive);
+                          std::shared_ptr<const void> keep_alive,
+                          std::optional<SnapshotMode> snapshot = std::nullopt);
 
   // Blocks until no save is in flight (committed and pruned). Returns the
   // background failures not yet reported, if any: one Status naming every

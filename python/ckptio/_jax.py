@@ -177,20 +177,29 @@ def _contiguous_rows(region, shape):
 
 
 class Reads:
-    """Byte-range reads of many boxes of many arrays, done in one
-    restore_slices call (parallel, ranged), then copied into place where a
-    chunk's part is not contiguous in the destination."""
+    """Byte-range reads of many boxes of many arrays, done together in one
+    restore_slices call (parallel, ranged) per batch. A chunk part that is
+    contiguous both in the chunk and in the destination is read straight into
+    place; otherwise the chunk is read once, whole (its CRC32C checked), into
+    a temporary that every destination box overlapping it copies from. A
+    batch is run once its buffers pass `limit` bytes (full()), and its arrays
+    built then, so a restore holds about one batch (or one array's chunks)
+    beyond its result."""
 
-    def __init__(self, catalog):
+    def __init__(self, catalog, limit=256 << 20):
         self.catalog = catalog
+        self.limit = limit
         self.slices = []  # (tensor name, byte offset, buffer)
         self.copies = []  # (destination view, temp, temp slices)
+        self.temps = {}   # tensor name -> the whole chunk, read once per batch
+        self.batch_bytes = 0  # destination and temporary buffers of the batch
 
     def box(self, name, box, dtype):
         """A numpy array of `dtype` that holds box `box` of array `name`
         once run() returns."""
         _, global_shape, chunk_list = self.catalog.arrays[name]
         out = np.empty(tuple(stop - start for start, stop in box), dtype=dtype)
+        self.batch_bytes += out.nbytes
         itemsize = out.dtype.itemsize
         flat = out.reshape(-1)
         for tensor, start, shape in chunk_list:
@@ -211,21 +220,24 @@ class Reads:
                 if src is not None and dst is not None:
                     self.slices.append((tensor, src[0] * itemsize, flat[dst[0]:dst[0] + dst[1]]))
                     continue
-                # The chunk's rows that hold the overlap, read whole, then copied.
-                rows = (in_chunk[0][0], in_chunk[0][1])
-                row_elems = int(np.prod(shape[1:], dtype=np.int64))
-                temp = np.empty((rows[1] - rows[0],) + tuple(shape[1:]), dtype=dtype)
-                self.slices.append((tensor, rows[0] * row_elems * itemsize, temp))
-                part = (slice(0, rows[1] - rows[0]),) + tuple(slice(lo, hi) for lo, hi in in_chunk[1:])
+                temp = self.temps.get(tensor)
+                if temp is None:
+                    temp = self.temps[tensor] = np.empty(shape, dtype=dtype)
+                    self.slices.append((tensor, 0, temp.reshape(-1)))
+                    self.batch_bytes += temp.nbytes
+                part = tuple(slice(lo, hi) for lo, hi in in_chunk)
                 self.copies.append((out[tuple(slice(lo, hi) for lo, hi in in_out)], temp, part))
         return out
+
+    def full(self):
+        return self.batch_bytes >= self.limit
 
     def run(self, manager, step):
         if self.slices:
             manager.restore_slices(step, self.slices)
         for dst, temp, part in self.copies:
             dst[...] = temp[part]
-        self.slices, self.copies = [], []
+        self.slices, self.copies, self.temps, self.batch_bytes = [], [], {}, 0
 
 
 def check_target(name, target, dtype_name, global_shape):

@@ -112,12 +112,14 @@ class CheckpointManager:
         ``.timings``). Raises on bad input, a step already committed, or the
         failure of an earlier background save (reported once)."""
         step = _check_step(step)
-        names, dtypes, arrays, chunks, description = _tree.flatten_chunks(tree, *self._process)
+        names, dtypes, arrays, chunks, description, immutable = _tree.flatten_for_save(tree, *self._process)
         meta = {_tree.TREE_KEY: description}
         if metadata is not None:
             meta[_tree.USER_KEY] = metadata
         chunks = chunks if any(c is not None for c in chunks) else None
-        handle = self._m.save(step, names, dtypes, arrays, _metadata_json(meta), chunks)
+        # A state of jax.Arrays (and scalars) is borrowed, not copied: the
+        # trainer waits for nothing but the device-to-host transfers.
+        handle = self._m.save(step, names, dtypes, arrays, _metadata_json(meta), chunks, immutable)
         with self._handles_lock:
             self._handles = [h for h in self._handles if not h.done()] + [handle]
         return handle
@@ -177,23 +179,37 @@ class CheckpointManager:
         description = self._description(self._m.info(step)["metadata_json"])
         description = None if description is _NO_TREE else description
         reads = _jax.Reads(catalog)
+        arrays, pending = {}, []
+
+        def plan(name, build):
+            # Built as soon as their batch is read: the host buffers of a
+            # batch go once its arrays are on their devices.
+            pending.append((name, build))
+            if reads.full():
+                flush()
+
+        def flush():
+            reads.run(self._m, step)
+            for key, build in pending:
+                arrays[key] = build()
+            pending.clear()
+
         if target is None:
             names = _tree.leaf_names(description) if description is not None else set(catalog.arrays)
             if not names <= set(catalog.arrays):
                 names = set(catalog.arrays)  # several processes' parts: nested dicts by name
                 description = None
-            built = {name: _jax.plan_whole(reads, name) for name in names}
+            for name in names:
+                plan(name, _jax.plan_whole(reads, name))
         else:
-            built = {}
             for name, leaf in _tree.named_leaves(target):
                 if name not in catalog:
                     continue  # _tree.like reports it, or takes it from the description
                 if _jax.is_sharded_target(leaf):
-                    built[name] = _jax.plan_sharded(reads, name, leaf)
+                    plan(name, _jax.plan_sharded(reads, name, leaf))
                 else:
-                    built[name] = _jax.plan_whole(reads, name)
-        reads.run(self._m, step)
-        arrays = {name: build() for name, build in built.items()}
+                    plan(name, _jax.plan_whole(reads, name))
+        flush()
         if target is not None:
             return _tree.like(target, arrays, description)
         if description is None:

@@ -139,11 +139,22 @@ def flatten_chunks(tree, process=0, process_count=1):
     tensor). When several processes save one tree of global arrays, the
     whole tensors (numpy arrays, scalars: the same on every process) are
     written by process 0 alone."""
+    names, dtypes, arrays, chunks, description, _ = flatten_for_save(tree, process, process_count)
+    return names, dtypes, arrays, chunks, description
+
+
+def flatten_for_save(tree, process=0, process_count=1):
+    """flatten_chunks, plus whether every array of the save is immutable or
+    ckptio's own, so that the save may borrow them instead of copying: views
+    of jax.Arrays (jax never writes a buffer in place while something outside
+    references it: a donation is refused and the step writes a new buffer),
+    and the arrays made here from scalars. The caller's numpy arrays are not."""
     leaves = []
     description = _encode(tree, (), leaves)
     _jax.start_host_copies(value for _, value in leaves)
     names, dtypes, arrays, chunks = [], [], [], []
     sharded = any(_jax.needs_chunks(value) for _, value in leaves)
+    immutable = True
     for name, value in leaves:
         if _jax.needs_chunks(value):
             global_shape = tuple(int(n) for n in value.shape)
@@ -157,11 +168,13 @@ def flatten_chunks(tree, process=0, process_count=1):
         if sharded and process_count > 1 and process != 0:
             continue
         array, _ = to_array(value, name)
+        immutable = immutable and (_jax.is_jax_array(value) or array is not value and not
+                                   isinstance(value, np.ndarray) and not _is_torch_tensor(value))
         names.append(name)
         dtypes.append(_dtypes.dtype_name(array.dtype))
         arrays.append(array)
         chunks.append(None)
-    return names, dtypes, arrays, chunks, description
+    return names, dtypes, arrays, chunks, description, immutable
 
 
 # The walkers are module functions taking their state as arguments, not

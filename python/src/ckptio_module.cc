@@ -356,7 +356,7 @@ class PyManager {
   // `chunks`: None, or one entry per tensor: None (a whole tensor) or
   // (array name, global shape, start) for a chunk of a sharded array.
   py::object Save(int64_t step, const py::list& names, const py::list& dtypes, const py::list& arrays,
-                  const std::string& metadata_json, const py::object& chunks) {
+                  const std::string& metadata_json, const py::object& chunks, bool borrow) {
     auto m = Get();
     HeldObjects::Drain();
     TakeUncollectedWaitError();
@@ -382,7 +382,8 @@ class PyManager {
     std::shared_ptr<const void> keep_alive = HeldObjects::Hold(arrays);
     Result<SaveHandle> handle = [&] {
       py::gil_scoped_release release;
-      return m->Save(step, refs, metadata_json, std::move(keep_alive));
+      return m->Save(step, refs, metadata_json, std::move(keep_alive),
+                     borrow ? std::optional<SnapshotMode>(SnapshotMode::kBorrow) : std::nullopt);
     }();
     HeldObjects::Drain();  // a copy-mode save let go of them already
     return py::cast(PySaveHandle(Take(std::move(handle))));
@@ -739,7 +740,7 @@ PYBIND11_MODULE(_ckptio, m) {
            py::arg("root"), py::arg("config"), py::arg("overrides"), py::arg("read_only"),
            py::arg("barrier") = py::none())
       .def("save", &PyManager::Save, py::arg("step"), py::arg("names"), py::arg("dtypes"), py::arg("arrays"),
-           py::arg("metadata_json"), py::arg("chunks") = py::none())
+           py::arg("metadata_json"), py::arg("chunks") = py::none(), py::arg("borrow") = false)
       .def("tensors", &PyManager::Tensors, py::arg("step"))
       .def("restore_slices", &PyManager::RestoreSlices, py::arg("step"), py::arg("slices"))
       .def("wait_until_finished", &PyManager::WaitUntilFinished)

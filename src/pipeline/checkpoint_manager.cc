@@ -94,8 +94,9 @@ Result<int64_t> CheckpointManager::ReadInOrder(std::optional<int64_t> step, cons
 }
 
 Result<SaveHandle> CheckpointManager::Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
-                                           std::shared_ptr<const void> keep_alive) {
-  return impl_->Save(step, tensors, std::move(metadata_json), std::move(keep_alive));
+                                           std::shared_ptr<const void> keep_alive,
+                                           std::optional<SnapshotMode> snapshot) {
+  return impl_->Save(step, tensors, std::move(metadata_json), std::move(keep_alive), snapshot);
 }
 Status CheckpointManager::WaitUntilFinished() { return impl_->WaitUntilFinished(); }
 void CheckpointManager::WaitUntilReady() { impl_->WaitUntilReady(); }

@@ -218,7 +218,8 @@ Result<SaveHandle> ManagerImpl::Skip(std::shared_ptr<SaveState> state, const std
 }
 
 Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
-                                     std::shared_ptr<const void> keep_alive) {
+                                     std::shared_ptr<const void> keep_alive,
+                                     std::optional<SnapshotMode> snapshot) {
   const Clock::time_point start = Clock::now();
   auto job = std::make_shared<SaveJob>();
   job->state = std::make_shared<SaveState>(step);
@@ -229,7 +230,13 @@ Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> te
                                 metadata_json.substr(0, 80));
   }
   RETURN_IF_ERROR(CheckWritable("save step " + std::to_string(step)));
-  ASSIGN_OR_RETURN(job->plan, PlanSave(step, tensors, options_));
+  if (snapshot && *snapshot != options_.snapshot) {
+    Options mode = options_;
+    mode.snapshot = *snapshot;
+    ASSIGN_OR_RETURN(job->plan, PlanSave(step, tensors, mode));
+  } else {
+    ASSIGN_OR_RETURN(job->plan, PlanSave(step, tensors, options_));
+  }
   if (job->plan.staging_bytes > staging_->capacity()) {
     // More than staging can ever hold: written straight from the caller's
     // buffers (staging holds the shard headers only), and Save() returns

@@ -90,7 +90,7 @@ class ManagerImpl {
   ~ManagerImpl();
 
   Result<SaveHandle> Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
-                          std::shared_ptr<const void> keep_alive);
+                          std::shared_ptr<const void> keep_alive, std::optional<SnapshotMode> snapshot = std::nullopt);
   Status WaitUntilFinished();
   void WaitUntilReady();
   Status RefreshNow();

@@ -123,16 +123,18 @@ def test_a_target_that_differs_from_the_checkpoint_raises_naming_the_tensor(tmp_
             mgr.restore(1, target={"missing": jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding)})
 
 
-@pytest.mark.parametrize("snapshot", ["copy", "borrow"])
+@pytest.mark.parametrize("snapshot", ["borrowed", "copied"])
 def test_a_step_that_donates_the_state_right_after_a_save_does_not_change_the_checkpoint(tmp_path, snapshot):
     # jax on the CPU refuses a donation while something outside holds the
     # buffer (the borrowed numpy view): the step then writes a new buffer.
+    # A state of jax.Arrays is borrowed; with a numpy leaf the save copies.
     sharding = NamedSharding(mesh((4, 2)), P("a", "b"))
     state = {"w": jax.device_put(global_value("w", 1), sharding),
              "b": jax.device_put(global_value("b", 1), NamedSharding(mesh((8,)), P()))}
+    extra = {"np": np.ones(4)} if snapshot == "copied" else {}
     step = jax.jit(lambda s: jax.tree_util.tree_map(lambda x: x * 3.0 - 7.0, s), donate_argnums=0)
-    with ckptio.CheckpointManager(tmp_path, staging_memory="64MiB", snapshot=snapshot) as mgr:
-        mgr.save(1, state)
+    with ckptio.CheckpointManager(tmp_path, staging_memory="64MiB") as mgr:
+        mgr.save(1, dict(state, **extra))
         state = step(state)  # donates the saved buffers while the save may still read them
         jax.block_until_ready(state)
         mgr.wait_until_finished()
@@ -297,3 +299,19 @@ def test_four_processes_of_two_devices_save_and_restore_from_and_onto_one(tmp_pa
     assert sorted(t["shard"].split("-")[1] for t in arrays["rep"]) == ["p00000", "p00001", "p00002", "p00003"]
     for name in SPECS:
         assert sum(t["bytes"] for t in arrays[name]) == global_value(name, 2).nbytes, name
+
+
+def test_a_state_of_jax_arrays_is_borrowed_not_copied_into_staging(tmp_path, capfd):
+    # Staging far smaller than the state: a copied save could not fit and
+    # would be written before save() returns (said on stderr); a borrowed one
+    # needs staging for the shard headers only.
+    big = np.arange(2 << 20, dtype=np.float32)  # 8 MiB
+    with ckptio.CheckpointManager(tmp_path / "jax", staging_memory="1MiB") as mgr:
+        mgr.save(1, {"w": jax.device_put(big, NamedSharding(mesh((8,)), P("a"))), "step": 1})
+        mgr.save(2, {"w": jnp.asarray(big) + 1, "step": 2})
+        mgr.wait_until_finished()
+        assert mgr.restore(2)["w"].tobytes() == (big + 1).tobytes()
+    assert "more than staging_memory" not in capfd.readouterr().err
+    with ckptio.CheckpointManager(tmp_path / "numpy", staging_memory="1MiB") as mgr:
+        mgr.save(1, {"w": big})  # the caller's numpy array may change after save(): copied
+    assert "more than staging_memory" in capfd.readouterr().err
