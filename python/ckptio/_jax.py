@@ -193,6 +193,7 @@ class Reads:
         self.copies = []  # (destination view, temp, temp slices)
         self.temps = {}   # tensor name -> the whole chunk, read once per batch
         self.batch_bytes = 0  # destination and temporary buffers of the batch
+        self.scratch, self.scratch_used = None, 0  # where the batch's temporaries live
 
     def box(self, name, box, dtype):
         """A numpy array of `dtype` that holds box `box` of array `name`
@@ -222,12 +223,25 @@ class Reads:
                     continue
                 temp = self.temps.get(tensor)
                 if temp is None:
-                    temp = self.temps[tensor] = np.empty(shape, dtype=dtype)
+                    temp = self.temps[tensor] = self._scratch(shape, dtype)
                     self.slices.append((tensor, 0, temp.reshape(-1)))
                     self.batch_bytes += temp.nbytes
                 part = tuple(slice(lo, hi) for lo, hi in in_chunk)
                 self.copies.append((out[tuple(slice(lo, hi) for lo, hi in in_out)], temp, part))
         return out
+
+    def _scratch(self, shape, dtype):
+        """A temporary for a whole chunk, carved from one buffer reused by
+        every batch (fresh memory costs a page fault per 4 KiB on first touch,
+        slower than the disk here); a chunk larger than it gets its own."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        start = -(-self.scratch_used // 64) * 64  # 64-byte aligned, as numpy aligns
+        if start + nbytes > self.limit:
+            return np.empty(shape, dtype=dtype)
+        if self.scratch is None:
+            self.scratch = np.empty(self.limit, dtype=np.uint8)
+        self.scratch_used = start + nbytes
+        return self.scratch[start:start + nbytes].view(dtype).reshape(shape)
 
     def full(self):
         return self.batch_bytes >= self.limit
@@ -237,7 +251,7 @@ class Reads:
             manager.restore_slices(step, self.slices)
         for dst, temp, part in self.copies:
             dst[...] = temp[part]
-        self.slices, self.copies, self.temps, self.batch_bytes = [], [], {}, 0
+        self.slices, self.copies, self.temps, self.batch_bytes, self.scratch_used = [], [], {}, 0, 0
 
 
 def check_target(name, target, dtype_name, global_shape):
