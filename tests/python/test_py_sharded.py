@@ -315,3 +315,60 @@ def test_a_state_of_jax_arrays_is_borrowed_not_copied_into_staging(tmp_path, cap
     with ckptio.CheckpointManager(tmp_path / "numpy", staging_memory="1MiB") as mgr:
         mgr.save(1, {"w": big})  # the caller's numpy array may change after save(): copied
     assert "more than staging_memory" in capfd.readouterr().err
+
+
+CHILD_KILLED = r"""
+import os, signal, sys
+index, port, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+import jax
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=index,
+                           heartbeat_timeout_seconds=5)
+sys.path.insert(0, sys.argv[4])
+import test_py_sharded as t
+import ckptio
+
+mgr = ckptio.CheckpointManager(root, staging_memory="16MiB", threads=2)
+mgr.save(1, t.sharded_state(1))
+mgr.wait_until_finished()
+print(index, "committed 1", flush=True)
+mgr.save(2, t.sharded_state(2))
+if index == 1:
+    os.kill(os.getpid(), signal.SIGKILL)  # mid-save: its part of step 2 may be written or not
+try:
+    mgr.wait_until_finished()
+    print(index, "committed 2", flush=True)
+except ckptio.CkptioError as e:
+    print(index, "failed:", e, flush=True)
+os._exit(0)  # (jax also ends this process once it learns a peer died)
+"""
+
+
+def test_a_process_killed_mid_save_leaves_no_commit_the_other_names_it_and_the_previous_step_restores(
+        tmp_path, child_env):
+    root = tmp_path / "ckpt"
+    env = dict(child_env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    port = free_port()
+    here = str(pathlib.Path(__file__).parent)
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD_KILLED, str(i), str(port), str(root), here], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[1].returncode == -9 and "1 committed 1" in outs[1], outs[1]
+    assert "0 committed 1" in outs[0] and "0 committed 2" not in outs[0], outs[0]
+    # The survivor's error says which save failed, at which barrier, and which process is gone
+    # (jax's coordination service also ends the survivor when it learns a peer died: it may
+    # do so before ckptio's error is printed, and then its own message names the process).
+    ours = ("0 failed: cannot save step 2" in outs[0] and 'barrier "written/2"' in outs[0]
+            and "Task 1 heartbeat timeout" in outs[0])
+    jaxs = "tasks are unhealthy (stopped sending heartbeats):\n1\n" in outs[0]
+    assert ours or jaxs, outs[0]
+    assert not (root / "checkpoint_2" / "manifest.json").exists()
+    with ckptio.CheckpointManager(root, staging_memory="16MiB") as mgr:  # a writer clears the debris
+        assert mgr.all_steps() == [1]
+        back = mgr.restore(1)
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["checkpoint_1"]
+    for name in SPECS:
+        assert back[name].tobytes() == global_value(name, 1).tobytes(), name
