@@ -166,6 +166,8 @@ bench: build venv venv-bench
 	  --out bench/results; \
 	step $(VENV_BENCH)/bin/python bench/tools_compare.py --reps 1 --compute-kind idle,busy \
 	  --ckptio-python $(BUILD)/python --out bench/results/tools.md > /dev/null; \
+	step $(VENV_BENCH)/bin/python bench/sharded_bench.py --size-gib 1 --ckptio-python $(BUILD)/python \
+	  --out bench/results/sharded.md > /dev/null; \
 	rm -rf bench/results/tmp; \
 	echo "make bench: $$((SECONDS - start)) s in all; load average $$(cut -d' ' -f1-3 /proc/loadavg)" >&2; \
 	cat bench/results/tools.md; exit $$rc

@@ -1,0 +1,554 @@
+#!/usr/bin/env python3
+"""Sharded jax.Arrays: ckptio against orbax-checkpoint on one process with 8
+CPU devices, and both against the disk (fio, in the same run).
+
+    .venv-bench/bin/python bench/sharded_bench.py [--size-gib 1] [--saves 3]
+        [--loop-saves 10] [--compute-s 2.0] [--tools ckptio,orbax] [--keep 3]
+        [--dir DIR] [--processes 1] [--out bench/results/sharded.md]
+
+The state: float32 arrays of --size-gib in all, on a (4, 2) mesh ('a', 'b')
+of the 8 CPU devices XLA_FLAGS=--xla_force_host_platform_device_count=8 makes:
+8 arrays P('a', 'b'), 4 arrays P('a') (each held twice, along 'b') and one
+small array fully replicated (held 8 times). Each tool runs in a fresh process
+(its peak RSS its own), as tools_compare.py uses it: ckptio's
+CheckpointManager(root, keep=K) with every other option at its default, and
+orbax's async CheckpointManager with args.StandardSave.
+
+Per tool, after one untimed warm-up save:
+  blocked   --saves saves, each waited for before the next: the time the save
+            call held the caller (median)
+  seed loop --loop-saves saves with a fixed amount of jitted jax compute
+            (batched matmuls on the 8 devices, calibrated to --compute-s on
+            its own) before each; overhead = (loop wall, final wait included
+            - the same compute's wall without saves) / the latter. The
+            compute takes both cores: a CPU-bound trainer that the tool's
+            background work competes with.
+  restore   the last step, with the checkpoint's pages evicted from the page
+            cache first (fsync + POSIX_FADV_DONTNEED on its files: a cold
+            read, as after a restart), onto: the same mesh (abstract targets,
+            ShapeDtypeStruct with a sharding), twice: the first restore of
+            the process (one-time set-up included), then again; another mesh,
+            (8,) with every 2-D array cut into column strips P(None, 'x')
+            (each device reads across every saved chunk); and the live arrays
+            as target.
+  memory    peak RSS over the RSS before each phase (VmHWM, reset through
+            /proc/self/clear_refs): what the tool adds on top of the state;
+            for restores, beyond the restored arrays' own device bytes.
+
+fio reads and writes a file of the state's size (at least 1 GiB) O_DIRECT on
+the same disk in the same run; restore throughput (state bytes / restore time)
+is given as a ratio to fio's read rate.
+"""
+import argparse
+import ctypes
+import gc
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import export_bench  # fio_write: the disk's write limit, as export_bench measures it
+import tools_compare as tc  # the tools as tools_compare uses them, and its helpers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DEVICES = 8
+COLS = 1024
+
+
+# ---------------------------------------------------------------- the state
+
+
+def layout(nbytes):
+    """[(name, (rows, COLS), kind)]: kind "ab" is P('a', 'b'), "a" is P('a'),
+    "rep" fully replicated. Rows are multiples of 8 (every mesh here divides
+    them)."""
+
+    def rows(fraction):
+        return max(8, int(nbytes * fraction) // (4 * COLS) // 8 * 8)
+
+    arrays = [("embed/positions", (rows(1 / 64), COLS), "rep")]
+    for layer in range(4):
+        p = f"layers/{layer}/"
+        arrays += [(p + "w_in", (rows(0.075), COLS), "ab"), (p + "w_out", (rows(0.075), COLS), "ab"),
+                   (p + "adam_mu", (rows(0.094), COLS), "a")]
+    return arrays
+
+
+def mesh_of(shape, names):
+    import jax
+    import numpy as np
+
+    return jax.sharding.Mesh(np.array(jax.devices()[:DEVICES]).reshape(shape), names)
+
+
+def specs(where):
+    """The sharding of each kind of array on `where`: "saved" (the (4, 2)
+    mesh) or "other" (the (8,) mesh, column strips)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    if where == "saved":
+        mesh = mesh_of((4, 2), ("a", "b"))
+        return {"ab": NamedSharding(mesh, P("a", "b")), "a": NamedSharding(mesh, P("a")),
+                "rep": NamedSharding(mesh, P())}
+    mesh = mesh_of((DEVICES,), ("x",))
+    return {"ab": NamedSharding(mesh, P(None, "x")), "a": NamedSharding(mesh, P(None, "x")),
+            "rep": NamedSharding(mesh, P())}
+
+
+def nest(pairs):
+    tree = {}
+    for name, value in pairs:
+        node = tree
+        parts = name.split("/")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return tree
+
+
+def make_state(nbytes):
+    """The state on the (4, 2) mesh, one array at a time (the host copy of
+    each dropped once it is on the devices)."""
+    import jax
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    sharding = specs("saved")
+    pairs = []
+    for name, shape, kind in layout(nbytes):
+        host = rng.random(shape, dtype=np.float32)
+        pairs.append((name, jax.device_put(host, sharding[kind])))
+        del host
+    state = nest(pairs)
+    jax.block_until_ready(state)
+    return state
+
+
+def abstract(where, nbytes):
+    import jax
+    import numpy as np
+
+    sharding = specs(where)
+    return nest((name, jax.ShapeDtypeStruct(shape, np.float32, sharding=sharding[kind]))
+                for name, shape, kind in layout(nbytes))
+
+
+def leaves(tree):
+    import jax
+
+    return jax.tree_util.tree_leaves(tree)
+
+
+def device_bytes(tree):
+    """Bytes the tree's arrays take on the devices, replicas included."""
+    return sum(s.data.nbytes for x in leaves(tree) for s in x.addressable_shards)
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def status(field):
+    """A /proc/self/status size (VmRSS, VmHWM) in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def reset_peak():
+    """Resets VmHWM to the current RSS (Linux >= 4.0), after handing the
+    memory freed so far back to the kernel (else a phase that reuses it would
+    seem to need none). Returns the RSS."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the peaks may read low
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status("VmRSS")
+
+
+def evict(root):
+    """Drops root's files from the page cache (after fsync: dirty pages stay
+    cached), so that the next read comes from the disk."""
+    for d, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+class Compute:
+    """A fixed amount of jitted jax work: batched 512x512 matmuls, one per
+    device, repeated `calls` times (calibrated to take the seconds asked for
+    on their own)."""
+
+    def __init__(self, seconds):
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        sharding = NamedSharding(mesh_of((4, 2), ("a", "b")), P(("a", "b")))
+        self.x = jax.device_put(np.random.default_rng(1).random((DEVICES, 512, 512), dtype=np.float32) / 512,
+                                sharding)
+        self.f = jax.jit(lambda x: jnp.tanh(x @ x + 0.5))
+        self.calls = 1
+        self.step()  # compiles
+        # Calibrated over about a second (not a few calls): on a loaded machine a short sample was off by 1.6x.
+        self.calls, took = 4, 0.0
+        while took < min(1.0, seconds):
+            self.calls *= 2
+            t0 = time.perf_counter()
+            self.step()
+            took = time.perf_counter() - t0
+        self.calls = max(1, round(seconds * self.calls / took))
+
+    def step(self):
+        x = self.x
+        for _ in range(self.calls):
+            x = self.f(x)
+        x.block_until_ready()
+
+
+class Orbax(tc.OrbaxAsync):
+    def restore(self, step, target):
+        return self.mgr.restore(step, args=self.ocp.args.StandardRestore(target))
+
+
+class Ckptio(tc.CkptioPython):
+    def restore(self, step, target):
+        return self.mgr.restore(step, target=target)
+
+
+TOOLS = {"ckptio": Ckptio, "orbax": Orbax}
+RESTORES = {"first": "first restore, same mesh (one-time set-up included)",
+            "same": "same (4, 2) mesh, abstract target", "other": "(8,) mesh, P(None, 'x'), abstract target",
+            "arrays": "the live arrays as target"}
+
+
+def check(restored, state, names):
+    """The restored arrays hold the state's values (two arrays checked: the
+    replicated one and a P('a', 'b') one)."""
+    import numpy as np
+
+    for name in names:
+        a, b = restored, state
+        for part in name.split("/"):
+            a, b = a[part], b[part]
+        if not np.array_equal(np.asarray(a), np.asarray(b)):
+            raise AssertionError(f"restored {name} differs from the saved array")
+
+
+def run_child(a):
+    """One tool in this process; prints RESULT <json>."""
+    if a.child == "ckptio":
+        sys.path.insert(0, a.ckptio_python)
+    import jax
+
+    if len(jax.devices()) < DEVICES:
+        raise SystemExit(f"{len(jax.devices())} jax devices, not {DEVICES}: XLA_FLAGS={os.environ.get('XLA_FLAGS')}")
+    load_before = tc.loadavg()
+    state = make_state(a.size)
+    state_bytes = sum(x.nbytes for x in leaves(state))
+    state_device_bytes = device_bytes(state)
+    compute = Compute(a.compute_s)
+    rss_state = status("VmRSS")
+    tool = TOOLS[a.child](a.root, a.keep)
+    step = 1
+    t0 = time.perf_counter()
+    tool.save(step, state)  # the untimed warm-up
+    tool.wait()
+    first_save = time.perf_counter() - t0
+    held = status("VmRSS") - rss_state
+    if hasattr(tool, "events"):
+        tool.events.clear()
+
+    rss0 = reset_peak()
+    blocked = []
+    for _ in range(a.saves):
+        step += 1
+        t0 = time.perf_counter()
+        tool.save(step, state)
+        blocked.append(time.perf_counter() - t0)
+        tool.wait()
+    save_extra = status("VmHWM") - rss0
+
+    pure = time.perf_counter()
+    for _ in range(a.loop_saves):
+        compute.step()
+    pure = time.perf_counter() - pure
+    rss0 = reset_peak()
+    loop_blocked = []
+    start = time.perf_counter()
+    for _ in range(a.loop_saves):
+        compute.step()
+        step += 1
+        t0 = time.perf_counter()
+        tool.save(step, state)
+        loop_blocked.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    tool.wait()
+    final_wait = time.perf_counter() - t0
+    loop = time.perf_counter() - start
+    loop_extra = status("VmHWM") - rss0
+    events = {name: list(values) for name, values in getattr(tool, "events", {}).items()}
+
+    restores = {}
+    for kind in RESTORES:
+        target = state if kind == "arrays" else abstract("other" if kind == "other" else "saved", a.size)
+        evict(a.root)
+        rss0 = reset_peak()
+        t0 = time.perf_counter()
+        restored = tool.restore(step, target)
+        jax.block_until_ready(restored)
+        took = time.perf_counter() - t0
+        peak = status("VmHWM") - rss0
+        restored_bytes = device_bytes(restored)
+        check(restored, state, ["embed/positions", "layers/0/w_in"])
+        restores[kind] = {"seconds": took, "extra": peak - restored_bytes, "device_bytes": restored_bytes}
+        del restored
+    tool.close()
+    result = {"tool": a.child, "via": tool.via, "state_bytes": state_bytes, "device_bytes": state_device_bytes,
+              "arrays": len(leaves(state)), "first_save": first_save, "held": held, "blocked": blocked,
+              "save_extra": save_extra,
+              "compute_calls": compute.calls, "pure": pure, "loop": loop, "loop_blocked": loop_blocked,
+              "final_wait": final_wait, "loop_extra": loop_extra, "restores": restores, "events": events,
+              "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+              "load_before": load_before, "load_after": tc.loadavg()}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------- the runner
+
+
+def child_env():
+    env = dict(os.environ)
+    flags = env.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        env["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={DEVICES}").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def run_tool(a, tool, root):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", tool, "--root", root,
+           "--size-gib", str(a.size_gib), "--saves", str(a.saves), "--loop-saves", str(a.loop_saves),
+           "--compute-s", str(a.compute_s), "--keep", str(a.keep), "--ckptio-python", a.ckptio_python]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=child_env())
+    except subprocess.TimeoutExpired:
+        return {"tool": tool, "error": f"did not finish within {a.timeout:.0f} s"}
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"tool": tool, "error": f"exit {p.returncode}: {tc.last_line(p.stderr)}"}
+
+
+def fio_read(path, gib):
+    """fio's O_DIRECT sequential read rate (bytes/s) of a gib-GiB file, laid
+    out by fio first (untimed)."""
+    common = ["fio", "--name=r", f"--filename={path}", "--bs=8M", f"--size={gib}G", "--ioengine=psync",
+              "--direct=1"]
+    subprocess.run(common + ["--rw=write", "--end_fsync=1"], check=True, capture_output=True)
+    p = subprocess.run(common + ["--rw=read", "--output-format=json"], check=True, capture_output=True, text=True)
+    os.unlink(path)
+    return json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]["read"]["bw_bytes"]
+
+
+def measure_fio(work, nbytes):
+    gib = max(1, round(nbytes / tc.GIB))
+    path = os.path.join(work, "fio.tmp")
+    try:
+        read = fio_read(path, gib)
+        write = gib * tc.GIB / export_bench.fio_write(path, gib)
+        return {"gib": gib, "read": read, "write": write}
+    except (OSError, subprocess.CalledProcessError) as e:
+        return {"gib": gib, "error": str(e)[:200]}
+
+
+# ---------------------------------------------------------------- the report
+
+
+def mb_s(x):
+    return f"{x / 1e6:,.0f} MB/s"
+
+
+def mib(x):
+    return f"{x / tc.MIB:,.0f} MiB"
+
+
+def rows(results, fio):
+    """(metric, {tool: cell}, ratio of ckptio over orbax or "")."""
+    ok = {r["tool"]: r for r in results if "error" not in r}
+    med = statistics.median
+    read = fio.get("read")
+
+    def overhead(r):
+        return (r["loop"] - r["pure"]) / r["pure"]
+
+    def restore(kind):
+        def cell(r):
+            s = r["restores"][kind]["seconds"]
+            rate = r["state_bytes"] / s
+            return f"{s:.2f} s ({mb_s(rate)}" + (f", {rate / read:.2f}x fio read)" if read else ")")
+        return cell, lambda r: r["restores"][kind]["seconds"]
+
+    metrics = [
+        ("first save, end to end (untimed warm-up; set-up included)", lambda r: f"{r['first_save']:.2f} s",
+         lambda r: r["first_save"]),
+        ("blocked per save (median, each save waited for)", lambda r: tc.ms(med(r["blocked"])),
+         lambda r: med(r["blocked"])),
+        ("seed loop overhead (final wait included)", lambda r: tc.pct(overhead(r)), overhead),
+        ("seed loop: blocked per save (median)", lambda r: tc.ms(med(r["loop_blocked"])),
+         lambda r: med(r["loop_blocked"])),
+        ("seed loop: final wait", lambda r: f"{r['final_wait']:.2f} s", lambda r: r["final_wait"]),
+    ]
+    metrics += [(f"restore: {title}", *restore(kind)) for kind, title in RESTORES.items()]
+    metrics += [
+        ("RSS held between saves (after the warm-up save, over the state's)", lambda r: mib(r["held"]),
+         lambda r: r["held"]),
+        ("peak RSS over the state, blocked saves", lambda r: mib(r["save_extra"]), lambda r: r["save_extra"]),
+        ("peak RSS over the state, seed loop", lambda r: mib(r["loop_extra"]), lambda r: r["loop_extra"]),
+        ("peak RSS beyond the restored arrays (worst restore)",
+         lambda r: mib(max(x["extra"] for x in r["restores"].values())),
+         lambda r: max(x["extra"] for x in r["restores"].values())),
+        ("process peak RSS (ru_maxrss)", lambda r: mib(r["max_rss"]), lambda r: r["max_rss"]),
+    ]
+    out = []
+    for title, cell, value in metrics:
+        cells = {t: cell(r) for t, r in ok.items()}
+        ratio = ""
+        if "ckptio" in ok and "orbax" in ok and value(ok["orbax"]) > 0:
+            ratio = f"{value(ok['ckptio']) / value(ok['orbax']):.2f}x"
+        out.append((title, cells, ratio))
+    return out
+
+
+def table(results, fio, tools):
+    errors = {r["tool"]: r["error"] for r in results if "error" in r}
+    head = "| | " + " | ".join(tools) + " | ckptio / orbax |"
+    lines = [head, "|---|" + "---:|" * len(tools) + "---:|"]
+    for title, cells, ratio in rows(results, fio):
+        lines.append(f"| {title} | " + " | ".join(cells.get(t, "-") for t in tools) + f" | {ratio} |")
+    for tool, why in errors.items():
+        lines.append(f"| {tool} could not run here | {why} |" + " |" * len(tools))
+    return "\n".join(lines)
+
+
+def report(a, results, fio, seconds, command):
+    ok = [r for r in results if "error" not in r]
+    first = ok[0] if ok else None
+    state = (f"{tc.human_size(first['state_bytes'])} of float32 in {first['arrays']} arrays "
+             f"({mib(first['device_bytes'])} on the devices, replicas included)" if first else
+             f"{a.size_gib:g} GiB")
+    if "error" in fio:
+        disk = f"fio could not run here: {fio['error']}"
+    else:
+        disk = (f"fio O_DIRECT on the same disk, {fio['gib']} GiB, 8 MiB requests: read {mb_s(fio['read'])}, "
+                f"write {mb_s(fio['write'])} (fsync at the end)")
+    loads = [x for r in ok for x in (r["load_before"][0], r["load_after"][0])]
+    calls = ", ".join(f"{r['tool']} {r['compute_calls']} calls, {r['pure'] / a.loop_saves:.2f} s per step alone"
+                      for r in ok)
+    parts = [
+        "## Sharded jax.Arrays: ckptio and orbax-checkpoint, one process, 8 CPU devices\n",
+        f"{os.cpu_count()} cpus; {tc.versions()}; measured in {seconds / 60:.1f} min; 1-minute load average "
+        f"{min(loads):.2f}-{max(loads):.2f} over the runs.\n" if loads else "",
+        f"State: {state}, on a (4, 2) mesh: 8 arrays P('a', 'b'), 4 P('a'), 1 replicated. Each tool in a fresh "
+        f"process, keep {a.keep}, one untimed warm-up save; {a.saves} blocked saves; a seed loop of "
+        f"{a.loop_saves} saves with {a.compute_s:g} s of jitted matmuls before each ({calls}); restores of the "
+        "last step with its files evicted from the page cache. Disk: " + disk + ".\n",
+        "\n".join(f"- {r['via']}." for r in ok) + "\n",
+        table(results, fio, a.tools),
+        "",
+        tc.orbax_split([dict(r, saves=a.saves + a.loop_saves) for r in ok if r["tool"] == "orbax"]),
+        "",
+        "Restore cells: time, state bytes / time, and that over fio's O_DIRECT read rate. Peak RSS rows: VmHWM "
+        "over the RSS before the phase (the state already resident), for restores beyond the restored arrays' own "
+        "device bytes. Seed loop overhead: (wall of the loop, final wait included - wall of the same compute "
+        "without saves) / the latter.\n",
+        "Peak RSS beyond the restored arrays, each restore: " + "; ".join(
+            f"{r['tool']} " + ", ".join(f"{kind} {mib(x['extra'])}" for kind, x in r["restores"].items())
+            for r in ok) + ".\n",
+        "Blocked per save, each save (ms): " + "; ".join(
+            f"{r['tool']} {' '.join(f'{b * 1e3:.0f}' for b in r['blocked'])}, in the loop "
+            f"{' '.join(f'{b * 1e3:.0f}' for b in r['loop_blocked'])}" for r in ok) + ".\n",
+        "2 processes x 4 devices (jax.distributed on 127.0.0.1): not measured" +
+        (" (--processes 2 asked for; not implemented yet)." if a.processes > 1 else "."),
+        f"\nReproduce: `{command}`.",
+    ]
+    return "\n".join(p for p in parts if p is not None) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-gib", type=float, default=1.0, help="the state's size (float32, GiB)")
+    ap.add_argument("--saves", type=int, default=3, help="blocked saves, each waited for")
+    ap.add_argument("--loop-saves", type=int, default=10, help="saves in the seed loop")
+    ap.add_argument("--compute-s", type=float, default=2.0, help="seconds of compute before each loop save")
+    ap.add_argument("--keep", type=int, default=3)
+    ap.add_argument("--tools", default="ckptio,orbax")
+    ap.add_argument("--dir", default=os.path.join(ROOT, "bench", "results", "tmp"),
+                    help="where the runs write (a fresh directory under it, removed at the end)")
+    ap.add_argument("--processes", type=int, default=1, choices=(1, 2),
+                    help="2: also 2 processes x 4 devices (not measured yet)")
+    ap.add_argument("--out", help="also write the report here (markdown)")
+    ap.add_argument("--ckptio-python", default=os.path.join(ROOT, "build", "python"),
+                    help="where the ckptio module was built (default build/python)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per tool")
+    ap.add_argument("--child", choices=sorted(TOOLS), help=argparse.SUPPRESS)
+    ap.add_argument("--root", help=argparse.SUPPRESS)
+    command = " ".join([".venv-bench/bin/python", os.path.relpath(os.path.abspath(__file__), ROOT)]
+                       + (sys.argv[1:] if argv is None else argv))
+    a = ap.parse_args(argv)
+    a.size = int(a.size_gib * tc.GIB)
+    if a.size < 64 * tc.MIB:
+        ap.error(f"--size-gib must be at least 1/16 (64 MiB), got {a.size_gib}")
+    for name in ("saves", "loop_saves", "keep"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
+    a.tools = [t for t in a.tools.split(",") if t]
+    if not a.tools or any(t not in TOOLS for t in a.tools):
+        ap.error(f"--tools takes {', '.join(TOOLS)}, got {','.join(a.tools)!r}")
+    a.ckptio_python = os.path.abspath(a.ckptio_python)
+    if a.child:
+        return run_child(a)
+
+    base = os.path.abspath(a.dir)
+    os.makedirs(base, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="sharded-", dir=base)
+    t0 = time.perf_counter()
+    results = []
+    try:
+        print("sharded_bench: fio ...", file=sys.stderr, flush=True)
+        fio = measure_fio(work, a.size)
+        for tool in a.tools:
+            print(f"sharded_bench: {tool} (load {tc.loadavg()[0]:.2f}) ...", file=sys.stderr, flush=True)
+            root = os.path.join(work, tool)
+            r = run_tool(a, tool, root)
+            shutil.rmtree(root, ignore_errors=True)
+            print(f"sharded_bench: {tool}: {r.get('error') or 'done'}", file=sys.stderr, flush=True)
+            results.append(r)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = report(a, results, fio, time.perf_counter() - t0, command)
+    print(text, end="")
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
