@@ -179,10 +179,11 @@ void MappedFile::Unmap() {
 constexpr size_t kDirectBuffer = size_t{8} << 20;
 constexpr size_t kDirectAlign = 4096;
 
-Result<AtomicFile> AtomicFile::Create(const std::string& path) {
+Result<AtomicFile> AtomicFile::Create(const std::string& path, Mode mode) {
   const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
-  const bool direct = fd >= 0;
+  const int direct_flag = mode == Mode::kAppend ? O_DIRECT : 0;
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | direct_flag, 0644);
+  const bool direct = fd >= 0 && direct_flag != 0;
   if (!direct && errno == EINVAL) fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoToStatus(errno, "create", tmp);
   AtomicFile file(path, fd);
@@ -233,6 +234,19 @@ Status AtomicFile::Append(std::span<const std::byte> bytes) {
       RETURN_IF_ERROR(Flush(kDirectBuffer));
       buffered_ = 0;
     }
+  }
+  return Status::Ok();
+}
+
+Status AtomicFile::WriteAt(uint64_t offset, std::span<const std::byte> bytes) {
+  if (buffer_ != nullptr) return InternalError("WriteAt on " + tmp_ + ", a file opened to append");
+  size_ = std::max(size_, offset + bytes.size());
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::pwrite(fd_, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, "write", tmp_);
+    done += static_cast<size_t>(n);
   }
   return Status::Ok();
 }

@@ -372,3 +372,30 @@ def test_a_process_killed_mid_save_leaves_no_commit_the_other_names_it_and_the_p
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["checkpoint_1"]
     for name in SPECS:
         assert back[name].tobytes() == global_value(name, 1).tobytes(), name
+
+
+def test_ckptio_export_writes_each_sharded_array_whole(tmp_path, small):
+    import conftest
+    from safetensors.numpy import load_file
+
+    if conftest.MODULE_PATH is None:
+        pytest.skip("the command line is tested from the build tree")
+    cli = conftest.MODULE_PATH.parent / "src" / "cli" / "ckptio"
+    cube = np.arange(8 * 6 * 16, dtype=np.int32).reshape(8, 6, 16)
+    state = dict(sharded_state(1))
+    # Chunks split on the last axes too: runs of a few elements each in the export.
+    state["cube"] = jax.device_put(cube, NamedSharding(mesh((2, 2, 2)), P("a", "b", "c")))
+    state["cols"] = jax.device_put(cube, NamedSharding(mesh((8,)), P(None, None, "a")))
+    with ckptio.CheckpointManager(tmp_path / "ckpt", **small) as mgr:
+        mgr.save(1, state)
+    out = tmp_path / "all.safetensors"
+    done = subprocess.run([str(cli), "export", str(tmp_path / "ckpt"), "--out", str(out)], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert "8 tensors" in done.stdout, done.stdout
+    exported = load_file(str(out))
+    assert sorted(exported) == sorted(list(SPECS) + ["cube", "cols", "opt/count", "opt/lr"])
+    for name in SPECS:
+        assert exported[name].tobytes() == global_value(name, 1).tobytes(), name
+    assert exported["cube"].tobytes() == cube.tobytes() and exported["cols"].tobytes() == cube.tobytes()
+    assert exported["opt/count"] == 1
