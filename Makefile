@@ -144,7 +144,7 @@ $(VENV_BENCH)/.installed: bench/requirements.txt
 
 venv-bench: deps $(VENV_BENCH)/.installed
 
-# Every benchmark, sized to finish in about 13 minutes (sharded_bench.py: 3) on a 2-core VM; tables go to
+# Every benchmark, sized to finish in about 16 minutes (sharded_bench.py: 5.5) on a 2-core VM; tables go to
 # bench/results/*.md (seed_experiment also writes its traces and SVG timelines there).
 # tools_compare runs one repetition here; the committed bench/results/tools.md is its
 # three-repetition run (`--reps 3 --compute-kind idle,busy`, about 12 minutes on its own).
@@ -166,7 +166,7 @@ bench: build venv venv-bench
 	  --out bench/results; \
 	step $(VENV_BENCH)/bin/python bench/tools_compare.py --reps 1 --compute-kind idle,busy \
 	  --ckptio-python $(BUILD)/python --out bench/results/tools.md > /dev/null; \
-	step $(VENV_BENCH)/bin/python bench/sharded_bench.py --size-gib 1 --ckptio-python $(BUILD)/python \
+	step $(VENV_BENCH)/bin/python bench/sharded_bench.py --size-gib 1 --processes 2 --ckptio-python $(BUILD)/python \
 	  --out bench/results/sharded.md > /dev/null; \
 	rm -rf bench/results/tmp; \
 	echo "make bench: $$((SECONDS - start)) s in all; load average $$(cut -d' ' -f1-3 /proc/loadavg)" >&2; \

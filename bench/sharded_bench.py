@@ -4,7 +4,7 @@ CPU devices, and both against the disk (fio, in the same run).
 
     .venv-bench/bin/python bench/sharded_bench.py [--size-gib 1] [--saves 3]
         [--loop-saves 10] [--compute-s 2.0] [--tools ckptio,orbax] [--keep 3]
-        [--dir DIR] [--processes 1] [--out bench/results/sharded.md]
+        [--dir DIR] [--processes 1] [--loop-saves-2p 5] [--out bench/results/sharded.md]
 
 The state: float32 arrays of --size-gib in all, on a (4, 2) mesh ('a', 'b')
 of the 8 CPU devices XLA_FLAGS=--xla_force_host_platform_device_count=8 makes:
@@ -17,6 +17,8 @@ orbax's async CheckpointManager with args.StandardSave.
 Per tool, after one untimed warm-up save:
   blocked   --saves saves, each waited for before the next: the time the save
             call held the caller (median)
+  idle loop the same saves with the host sleeping --compute-s before each
+            (a host waiting while its accelerator computes)
   seed loop --loop-saves saves with a fixed amount of jitted jax compute
             (batched matmuls on the 8 devices, calibrated to --compute-s on
             its own) before each; overhead = (loop wall, final wait included
@@ -35,6 +37,17 @@ Per tool, after one untimed warm-up save:
             /proc/self/clear_refs): what the tool adds on top of the state;
             for restores, beyond the restored arrays' own device bytes.
 
+--processes 2 then runs each tool again in 2 processes of 4 CPU devices each
+(jax.distributed on 127.0.0.1, gloo collectives), on the (4, 2) mesh over the
+8 global devices: the same layout built with jax.make_array_from_callback (each
+process computes only its own shards), both processes writing to one root.
+ckptio gets CheckpointManager(root, keep=K) alone (its process index, count and
+barrier come from jax.distributed), orbax the same manager as above. The same
+phases, with --loop-saves-2p saves in the loops, each phase started with both
+processes at a barrier; the restores are checked bit-exact on arrays gathered
+whole (process_allgather). The report's second table gives the slower
+process's times and the larger process's memory, and each process's below it.
+
 fio reads and writes a file of the state's size (at least 1 GiB) O_DIRECT on
 the same disk in the same run; restore throughput (state bytes / restore time)
 is given as a ratio to fio's read rate.
@@ -46,6 +59,7 @@ import json
 import os
 import resource
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -130,6 +144,36 @@ def make_state(nbytes):
     return state
 
 
+def hashed(seed, index, shape):
+    """The values of array number `seed` of global `shape` at `index` (a
+    tuple of slices): a hash of each element's position, in [0, 1), so that
+    a process computes the blocks it holds and no others."""
+    import numpy as np
+
+    rows = np.arange(*index[0].indices(shape[0]), dtype=np.uint32)
+    cols = np.arange(*index[1].indices(shape[1]), dtype=np.uint32)
+    h = rows[:, None] * np.uint32(shape[1]) + cols[None, :] + np.uint32(seed * 0x9E3779B9 & 0xFFFFFFFF)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return (h >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24)
+
+
+def make_global_state(nbytes):
+    """The state on the (4, 2) mesh over the 8 devices of both processes,
+    each process computing only the shards its own devices hold."""
+    import jax
+
+    sharding = specs("saved")
+    pairs = [(name, jax.make_array_from_callback(shape, sharding[kind],
+                                                 lambda index, seed=seed, shape=shape: hashed(seed, index, shape)))
+             for seed, (name, shape, kind) in enumerate(layout(nbytes))]
+    state = nest(pairs)
+    jax.block_until_ready(state)
+    return state
+
+
 def abstract(where, nbytes):
     import jax
     import numpy as np
@@ -201,8 +245,9 @@ class Compute:
         from jax.sharding import NamedSharding, PartitionSpec as P
 
         sharding = NamedSharding(mesh_of((4, 2), ("a", "b")), P(("a", "b")))
-        self.x = jax.device_put(np.random.default_rng(1).random((DEVICES, 512, 512), dtype=np.float32) / 512,
-                                sharding)
+        host = np.random.default_rng(1).random((DEVICES, 512, 512), dtype=np.float32) / 512
+        # From a callback, not device_put: with 2 processes each puts only its own devices' blocks.
+        self.x = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
         self.f = jax.jit(lambda x: jnp.tanh(x @ x + 0.5))
         self.calls = 1
         self.step()  # compiles
@@ -228,6 +273,9 @@ class Orbax(tc.OrbaxAsync):
 
 
 class Ckptio(tc.CkptioPython):
+    via = tc.CkptioPython.via + " (a state of jax.Arrays is borrowed, not copied: jax never writes a buffer in " \
+        "place while ckptio holds a view of it)"
+
     def restore(self, step, target):
         return self.mgr.restore(step, target=target)
 
@@ -238,35 +286,102 @@ RESTORES = {"first": "first restore, same mesh (one-time set-up included)",
             "arrays": "the live arrays as target"}
 
 
-def check(restored, state, names):
-    """The restored arrays hold the state's values (two arrays checked: the
-    replicated one and a P('a', 'b') one)."""
+class OneProcess:
+    """The 1-process run: 8 local devices, nothing to wait for."""
+
+    index, count = 0, 1
+
+    def __init__(self, a):
+        pass
+
+    def sync(self, name):
+        pass
+
+    def make_state(self, nbytes):
+        return make_state(nbytes)
+
+    def gather(self, x):
+        import numpy as np
+
+        return np.asarray(x)
+
+    def agree(self, n):
+        return n
+
+    def close(self):
+        pass
+
+
+class TwoProcesses:
+    """This process as one of the 2 of a jax.distributed job on 127.0.0.1,
+    4 CPU devices each (gloo for the collectives that sync and gather use)."""
+
+    count = 2
+
+    def __init__(self, a):
+        import jax
+        from jax.experimental import multihost_utils
+
+        self.jax, self.mh, self.index = jax, multihost_utils, a.process_id
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{a.port}", num_processes=2,
+                                   process_id=a.process_id)
+
+    def sync(self, name):
+        """Returns once both processes have called it: each phase starts together."""
+        self.mh.sync_global_devices(name)
+
+    def make_state(self, nbytes):
+        return make_global_state(nbytes)
+
+    def gather(self, x):
+        """The whole of global array x, on every process."""
+        return self.mh.process_allgather(x, tiled=True)
+
+    def agree(self, n):
+        """The larger of the processes' n (their compute calibrated apart)."""
+        import numpy as np
+
+        return int(np.max(self.mh.process_allgather(np.array([n], dtype=np.int64))))
+
+    def close(self):
+        self.sync("done")  # neither process leaves while the other still talks to the coordinator
+        self.jax.distributed.shutdown()
+
+
+def check(job, restored, state, names):
+    """The restored arrays hold the state's values, bit for bit (two arrays
+    checked: the replicated one and a P('a', 'b') one), gathered whole."""
     import numpy as np
 
     for name in names:
-        a, b = restored, state
+        x, y = restored, state
         for part in name.split("/"):
-            a, b = a[part], b[part]
-        if not np.array_equal(np.asarray(a), np.asarray(b)):
+            x, y = x[part], y[part]
+        if not np.array_equal(job.gather(x), job.gather(y)):
             raise AssertionError(f"restored {name} differs from the saved array")
 
 
 def run_child(a):
-    """One tool in this process; prints RESULT <json>."""
+    """One tool in this process (or in this and a twin, --process-id);
+    prints RESULT <json>."""
     if a.child == "ckptio":
         sys.path.insert(0, a.ckptio_python)
+    job = (OneProcess if a.process_id is None else TwoProcesses)(a)
     import jax
 
     if len(jax.devices()) < DEVICES:
         raise SystemExit(f"{len(jax.devices())} jax devices, not {DEVICES}: XLA_FLAGS={os.environ.get('XLA_FLAGS')}")
     load_before = tc.loadavg()
-    state = make_state(a.size)
+    state = job.make_state(a.size)
     state_bytes = sum(x.nbytes for x in leaves(state))
     state_device_bytes = device_bytes(state)
     compute = Compute(a.compute_s)
+    compute.calls = job.agree(compute.calls)
     rss_state = status("VmRSS")
     tool = TOOLS[a.child](a.root, a.keep)
     step = 1
+    job.sync("warm-up")
     t0 = time.perf_counter()
     tool.save(step, state)  # the untimed warm-up
     tool.wait()
@@ -275,6 +390,7 @@ def run_child(a):
     if hasattr(tool, "events"):
         tool.events.clear()
 
+    job.sync("blocked")
     rss0 = reset_peak()
     blocked = []
     for _ in range(a.saves):
@@ -285,10 +401,12 @@ def run_child(a):
         tool.wait()
     save_extra = status("VmHWM") - rss0
 
+    job.sync("pure")
     pure = time.perf_counter()
     for _ in range(a.loop_saves):
         compute.step()
     pure = time.perf_counter() - pure
+    job.sync("loop")
     rss0 = reset_peak()
     loop_blocked = []
     start = time.perf_counter()
@@ -303,12 +421,26 @@ def run_child(a):
     final_wait = time.perf_counter() - t0
     loop = time.perf_counter() - start
     loop_extra = status("VmHWM") - rss0
+    # The same loop with the host idle between saves (time.sleep), as a host
+    # waits while its accelerator computes: the tool's background work has
+    # the cores to itself.
+    job.sync("idle")
+    idle_start = time.perf_counter()
+    for _ in range(a.loop_saves):
+        time.sleep(a.compute_s)
+        step += 1
+        tool.save(step, state)
+    tool.wait()
+    idle_loop = time.perf_counter() - idle_start
     events = {name: list(values) for name, values in getattr(tool, "events", {}).items()}
 
     restores = {}
     for kind in RESTORES:
         target = state if kind == "arrays" else abstract("other" if kind == "other" else "saved", a.size)
-        evict(a.root)
+        job.sync(f"evict {kind}")  # every process has finished step `step` (and process 0 committed it)
+        if job.index == 0:
+            evict(a.root)  # the page cache is the machine's: once is enough
+        job.sync(f"restore {kind}")
         rss0 = reset_peak()
         t0 = time.perf_counter()
         restored = tool.restore(step, target)
@@ -316,7 +448,7 @@ def run_child(a):
         took = time.perf_counter() - t0
         peak = status("VmHWM") - rss0
         restored_bytes = device_bytes(restored)
-        check(restored, state, ["embed/positions", "layers/0/w_in"])
+        check(job, restored, state, ["embed/positions", "layers/0/w_in"])
         restores[kind] = {"seconds": took, "extra": peak - restored_bytes, "device_bytes": restored_bytes}
         del restored
     tool.close()
@@ -324,28 +456,35 @@ def run_child(a):
               "arrays": len(leaves(state)), "first_save": first_save, "held": held, "blocked": blocked,
               "save_extra": save_extra,
               "compute_calls": compute.calls, "pure": pure, "loop": loop, "loop_blocked": loop_blocked,
-              "final_wait": final_wait, "loop_extra": loop_extra, "restores": restores, "events": events,
+              "final_wait": final_wait, "loop_extra": loop_extra, "idle_loop": idle_loop,
+              "idle_pure": a.loop_saves * a.compute_s, "restores": restores, "events": events,
               "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
               "load_before": load_before, "load_after": tc.loadavg()}
+    job.close()
     print("RESULT " + json.dumps(result), flush=True)
 
 
 # ---------------------------------------------------------------- the runner
 
 
-def child_env():
+def child_env(devices=DEVICES):
+    """The environment of a child with `devices` CPU devices (any count in
+    XLA_FLAGS replaced)."""
     env = dict(os.environ)
-    flags = env.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        env["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={DEVICES}").strip()
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
     env["JAX_PLATFORMS"] = "cpu"
     return env
 
 
+def child_cmd(a, tool, root, loop_saves):
+    return [sys.executable, os.path.abspath(__file__), "--child", tool, "--root", root,
+            "--size-gib", str(a.size_gib), "--saves", str(a.saves), "--loop-saves", str(loop_saves),
+            "--compute-s", str(a.compute_s), "--keep", str(a.keep), "--ckptio-python", a.ckptio_python]
+
+
 def run_tool(a, tool, root):
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", tool, "--root", root,
-           "--size-gib", str(a.size_gib), "--saves", str(a.saves), "--loop-saves", str(a.loop_saves),
-           "--compute-s", str(a.compute_s), "--keep", str(a.keep), "--ckptio-python", a.ckptio_python]
+    cmd = child_cmd(a, tool, root, a.loop_saves)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=child_env())
     except subprocess.TimeoutExpired:
@@ -354,6 +493,77 @@ def run_tool(a, tool, root):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     return {"tool": tool, "error": f"exit {p.returncode}: {tc.last_line(p.stderr)}"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_tool_2p(a, tool, root):
+    """One tool in 2 processes of 4 devices each (jax.distributed, process 0
+    the coordinator), both writing to root; their results merged."""
+    cmd = child_cmd(a, tool, root, a.loop_saves_2p) + ["--port", str(free_port())]
+    env = child_env(DEVICES // 2)
+    with tempfile.TemporaryFile("w+") as out0, tempfile.TemporaryFile("w+") as out1, \
+            tempfile.TemporaryFile("w+") as err0, tempfile.TemporaryFile("w+") as err1:
+        outs, errs = (out0, out1), (err0, err1)
+        procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=outs[i], stderr=errs[i], text=True, env=env)
+                 for i in range(2)]
+        timed_out = wait_both(procs, a.timeout)
+        results, failures = [], []
+        for i, p in enumerate(procs):
+            outs[i].seek(0)
+            errs[i].seek(0)
+            found = [json.loads(line[len("RESULT "):]) for line in outs[i] if line.startswith("RESULT ")]
+            if found:
+                results.append(found[0])
+            else:
+                failures.append((i, p.returncode, tc.last_line(errs[i].read())))
+    if timed_out and len(results) < 2:
+        return {"tool": tool, "error": f"did not finish within {a.timeout:.0f} s"}
+    if failures:
+        # The first process to fail says why; its twin then only sees the coordinator go away.
+        i, code, why = failures[0]
+        return {"tool": tool, "error": f"process {i} exit {code}: {why}"}
+    return merge(results)
+
+
+def wait_both(procs, timeout):
+    """Waits for both processes; once one has failed, gives the other 30 s
+    (it may be stuck at a barrier) and then kills it. True if the time ran out."""
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs):
+        if any(p.returncode not in (None, 0) for p in procs):
+            deadline = min(deadline, time.monotonic() + 30)
+        if time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def merge(procs):
+    """One result of the 2 processes': every time the slower process's (per
+    save for the per-save lists), every memory figure the larger process's,
+    the device bytes both processes'; the processes' own under per_process."""
+    r = dict(procs[0])
+    for key in ("blocked", "loop_blocked"):
+        r[key] = [max(xs) for xs in zip(*(p[key] for p in procs))]
+    for key in ("first_save", "pure", "loop", "final_wait", "idle_loop", "held", "save_extra", "loop_extra",
+                "max_rss"):
+        r[key] = max(p[key] for p in procs)
+    r["restores"] = {kind: {"seconds": max(p["restores"][kind]["seconds"] for p in procs),
+                            "extra": max(p["restores"][kind]["extra"] for p in procs)} for kind in r["restores"]}
+    r["device_bytes"] = sum(p["device_bytes"] for p in procs)
+    r["load_before"] = [max(p["load_before"][0] for p in procs)]
+    r["load_after"] = [max(p["load_after"][0] for p in procs)]
+    r["per_process"] = procs
+    return r
 
 
 def fio_read(path, gib):
@@ -398,6 +608,9 @@ def rows(results, fio):
     def overhead(r):
         return (r["loop"] - r["pure"]) / r["pure"]
 
+    def idle_overhead(r):
+        return (r["idle_loop"] - r["idle_pure"]) / r["idle_pure"]
+
     def restore(kind):
         def cell(r):
             s = r["restores"][kind]["seconds"]
@@ -414,6 +627,8 @@ def rows(results, fio):
         ("seed loop: blocked per save (median)", lambda r: tc.ms(med(r["loop_blocked"])),
          lambda r: med(r["loop_blocked"])),
         ("seed loop: final wait", lambda r: f"{r['final_wait']:.2f} s", lambda r: r["final_wait"]),
+        ("seed loop overhead, host idle between saves (an accelerator computes)",
+         lambda r: tc.pct(idle_overhead(r)), idle_overhead),
     ]
     metrics += [(f"restore: {title}", *restore(kind)) for kind, title in RESTORES.items()]
     metrics += [
@@ -447,7 +662,7 @@ def table(results, fio, tools):
     return "\n".join(lines)
 
 
-def report(a, results, fio, seconds, command):
+def report(a, results, fio, seconds, command, results_2p=None):
     ok = [r for r in results if "error" not in r]
     first = ok[0] if ok else None
     state = (f"{tc.human_size(first['state_bytes'])} of float32 in {first['arrays']} arrays "
@@ -484,11 +699,45 @@ def report(a, results, fio, seconds, command):
         "Blocked per save, each save (ms): " + "; ".join(
             f"{r['tool']} {' '.join(f'{b * 1e3:.0f}' for b in r['blocked'])}, in the loop "
             f"{' '.join(f'{b * 1e3:.0f}' for b in r['loop_blocked'])}" for r in ok) + ".\n",
-        "2 processes x 4 devices (jax.distributed on 127.0.0.1): not measured" +
-        (" (--processes 2 asked for; not implemented yet)." if a.processes > 1 else "."),
-        f"\nReproduce: `{command}`.",
+        report_2p(a, results_2p, fio) if results_2p is not None else
+        "2 processes x 4 devices (jax.distributed on 127.0.0.1): not measured in this run (--processes 2).\n",
+        f"Reproduce: `{command}`.",
     ]
     return "\n".join(p for p in parts if p is not None) + "\n"
+
+
+def report_2p(a, results, fio):
+    ok = [r for r in results if "error" not in r]
+    calls = ", ".join(f"{r['tool']} {r['compute_calls']} calls, {r['pure'] / a.loop_saves_2p:.2f} s per step alone"
+                      for r in ok)
+
+    def both(r, fn, fmt):
+        return " / ".join(fmt(fn(p)) for p in r["per_process"])
+
+    per_process = [
+        f"{r['tool']}: process peak RSS {both(r, lambda p: p['max_rss'], mib)}; peak over the state, blocked "
+        f"saves {both(r, lambda p: p['save_extra'], mib)}, seed loop {both(r, lambda p: p['loop_extra'], mib)}, "
+        f"worst restore beyond the arrays {both(r, lambda p: max(x['extra'] for x in p['restores'].values()), mib)}"
+        f"; blocked per save, the blocked saves then the loop's (ms) "
+        + both(r, lambda p: p["blocked"] + p["loop_blocked"], lambda xs: " ".join(f"{x * 1e3:.0f}" for x in xs))
+        + "; restores, first, same, other, arrays (s) " + both(r, lambda p: p["restores"],
+                                   lambda rs: " ".join(f"{x['seconds']:.2f}" for x in rs.values()))
+        for r in ok]
+    return "\n".join([
+        "### 2 processes x 4 devices\n",
+        "The same layout, built with jax.make_array_from_callback on the (4, 2) mesh over the 8 devices of 2 "
+        "processes (jax.distributed on 127.0.0.1, 4 CPU devices each, gloo collectives), each process computing "
+        "only the shards its devices hold; both write to the same root on the same disk. ckptio: "
+        "`CheckpointManager(root, keep=K)` and nothing else (process index, count and barrier come from "
+        "jax.distributed); orbax: the same async CheckpointManager and StandardSave. Both processes meet at a "
+        "barrier before each phase; every time is the slower process's (blocked: the slower per save, then the "
+        f"median), every memory figure the larger process's. Seed and idle loops of {a.loop_saves_2p} saves "
+        f"({calls}). Restores (the last step, evicted from the page cache) go onto the (4, 2) mesh and the (8,) "
+        "mesh over the 8 global devices; two arrays checked bit-exact, gathered whole with process_allgather.\n",
+        table(results, fio, a.tools),
+        "",
+        "Per process (process 0 / process 1): " + ("; ".join(per_process) if per_process else "none ran") + ".\n",
+    ])
 
 
 def main(argv=None):
@@ -502,20 +751,23 @@ def main(argv=None):
     ap.add_argument("--dir", default=os.path.join(ROOT, "bench", "results", "tmp"),
                     help="where the runs write (a fresh directory under it, removed at the end)")
     ap.add_argument("--processes", type=int, default=1, choices=(1, 2),
-                    help="2: also 2 processes x 4 devices (not measured yet)")
+                    help="2: also each tool in 2 processes x 4 devices (jax.distributed on 127.0.0.1)")
+    ap.add_argument("--loop-saves-2p", type=int, default=5, help="saves in the seed and idle loops, 2 processes")
     ap.add_argument("--out", help="also write the report here (markdown)")
     ap.add_argument("--ckptio-python", default=os.path.join(ROOT, "build", "python"),
                     help="where the ckptio module was built (default build/python)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per tool")
     ap.add_argument("--child", choices=sorted(TOOLS), help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
+    ap.add_argument("--process-id", type=int, choices=(0, 1), help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     command = " ".join([".venv-bench/bin/python", os.path.relpath(os.path.abspath(__file__), ROOT)]
                        + (sys.argv[1:] if argv is None else argv))
     a = ap.parse_args(argv)
     a.size = int(a.size_gib * tc.GIB)
     if a.size < 64 * tc.MIB:
         ap.error(f"--size-gib must be at least 1/16 (64 MiB), got {a.size_gib}")
-    for name in ("saves", "loop_saves", "keep"):
+    for name in ("saves", "loop_saves", "loop_saves_2p", "keep"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
     a.tools = [t for t in a.tools.split(",") if t]
@@ -540,9 +792,21 @@ def main(argv=None):
             shutil.rmtree(root, ignore_errors=True)
             print(f"sharded_bench: {tool}: {r.get('error') or 'done'}", file=sys.stderr, flush=True)
             results.append(r)
+        results_2p = None
+        if a.processes == 2:
+            results_2p = []
+            for tool in a.tools:
+                print(f"sharded_bench: {tool}, 2 processes (load {tc.loadavg()[0]:.2f}) ...", file=sys.stderr,
+                      flush=True)
+                root = os.path.join(work, tool + "-2p")
+                r = run_tool_2p(a, tool, root)
+                shutil.rmtree(root, ignore_errors=True)
+                print(f"sharded_bench: {tool}, 2 processes: {r.get('error') or 'done'}", file=sys.stderr,
+                      flush=True)
+                results_2p.append(r)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = report(a, results, fio, time.perf_counter() - t0, command)
+    text = report(a, results, fio, time.perf_counter() - t0, command, results_2p)
     print(text, end="")
     if a.out:
         with open(a.out, "w") as f:
