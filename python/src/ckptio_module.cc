@@ -457,12 +457,7 @@ class PyManager {
   // [(name, dtype name, shape, None or (array, global shape, start)), ...]
   // of checkpoint `step`, as its manifest lists them.
   py::list Tensors(int64_t step) {
-    auto m = Get();
-    Result<CheckpointInfo> info = [&] {
-      py::gil_scoped_release release;
-      return m->Info(step);
-    }();
-    CheckpointInfo i = Take(std::move(info));
+    CheckpointInfo i = ReadInfo(step);
     py::list out;
     for (const TensorInfo& t : i.tensor_list) {
       py::object chunk = py::none();
@@ -520,12 +515,7 @@ class PyManager {
   }
 
   py::dict Info(int64_t step) {
-    auto m = Get();
-    Result<CheckpointInfo> info = [&] {
-      py::gil_scoped_release release;
-      return m->Info(step);
-    }();
-    CheckpointInfo i = Take(std::move(info));
+    CheckpointInfo i = ReadInfo(step);
     py::dict d;
     d["step"] = i.step;
     d["created"] = i.created;
@@ -579,6 +569,16 @@ class PyManager {
     if (Status s = config::ParseKnob(*knob, value, options); !s.ok()) {
       Check(InvalidArgumentError("option \"" + path + "\": " + s.message()));
     }
+  }
+
+  // The manifest's view of `step` (the GIL released while it is read).
+  CheckpointInfo ReadInfo(int64_t step) {
+    auto m = Get();
+    Result<CheckpointInfo> info = [&] {
+      py::gil_scoped_release release;
+      return m->Info(step);
+    }();
+    return Take(std::move(info));
   }
 
   // One tensor of a save: the array must be C-contiguous (the package made

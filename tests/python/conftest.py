@@ -7,6 +7,7 @@ CKPTIO_TEST_INSTALLED=1 they import whatever `import ckptio` finds instead
 """
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import textwrap
@@ -90,3 +91,27 @@ def gcs_root(gcs_env, monkeypatch):
             monkeypatch.setenv(key, value)
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     return f"gs://{gcs_env['CKPTIO_TEST_BUCKET']}/run"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(code, count, extra_args, env, timeout=300):
+    """Runs `count` Python processes of `code` at once, each with the
+    arguments (index, port, *extra_args): a jax.distributed job on a free
+    port of 127.0.0.1. Returns [(returncode, output), ...] by index; all are
+    killed if one outlives the timeout."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(port), *map(str, extra_args)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(count)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    return [(p.returncode, out) for p, out in zip(procs, outs)]

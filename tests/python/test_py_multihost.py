@@ -3,9 +3,6 @@
 per process, with jax's sync_global_devices as the barrier (run by ckptio on
 a helper thread); process 0 commits one checkpoint."""
 import json
-import socket
-import subprocess
-import sys
 import textwrap
 
 import ml_dtypes
@@ -13,6 +10,7 @@ import numpy as np
 import pytest
 
 import ckptio
+from conftest import run_processes
 
 CHILD = """
 import sys
@@ -43,27 +41,11 @@ mgr.close()
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_jax_processes_save_their_halves_and_one_checkpoint_restores_bit_exact(tmp_path, child_env):
     root = tmp_path / "ckpt"
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(CHILD), str(i), str(port), str(root)],
-                              env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=300)[0])
-    finally:
-        for p in procs:
-            p.kill()
-    for i, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"process {i}:\n{out}"
+    results = run_processes(textwrap.dedent(CHILD), 2, [root], child_env)
+    for i, (returncode, out) in enumerate(results):
+        assert returncode == 0, f"process {i}:\n{out}"
         # Process 0 prunes (keep=2); process 1 knows its own commits, not process 0's prunes.
         assert ("steps [2, 3]" if i == 0 else "steps [1, 2, 3]") in out or (i == 1 and "steps [2, 3]" in out), out
         # ckptio called the Python barrier for each step, in order.

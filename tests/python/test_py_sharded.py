@@ -6,7 +6,6 @@ jobs of 2 processes on 127.0.0.1 started here, saving to the local disk and
 to the GCS emulator, restored onto other meshes and process counts."""
 import json
 import pathlib
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,8 +17,10 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import ckptio
+from conftest import run_processes
 
 SHAPE = (64, 16)
+HERE = str(pathlib.Path(__file__).parent)
 
 
 def global_value(name, step):
@@ -147,7 +148,7 @@ def test_a_step_that_donates_the_state_right_after_a_save_does_not_change_the_ch
 CHILD = r"""
 import json, sys
 import numpy as np
-index, count, port, roots_json = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+index, port, count, roots_json = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 import jax
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=count, process_id=index)
@@ -188,30 +189,12 @@ print(index, "done", flush=True)
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_job(count, roots, env):
-    env = dict(env)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // count}"
-    port = free_port()
-    here = str(pathlib.Path(__file__).parent)
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(i), str(count), str(port), json.dumps(roots), here],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(count)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=300)[0])
-    finally:
-        for p in procs:
-            p.kill()
-    for i, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and f"{i} done" in out, f"process {i} of {count}:\n{out}"
-    return outs
+    env = dict(env, XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // count}")
+    results = run_processes(CHILD, count, [count, json.dumps(roots), HERE], env)
+    for i, (returncode, out) in enumerate(results):
+        assert returncode == 0 and f"{i} done" in out, f"process {i} of {count}:\n{out}"
+    return [out for _, out in results]
 
 
 def test_two_processes_save_a_sharded_state_to_disk_and_gcs_and_it_restores_on_one_and_two(
@@ -347,16 +330,9 @@ def test_a_process_killed_mid_save_leaves_no_commit_the_other_names_it_and_the_p
         tmp_path, child_env):
     root = tmp_path / "ckpt"
     env = dict(child_env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    port = free_port()
-    here = str(pathlib.Path(__file__).parent)
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD_KILLED, str(i), str(port), str(root), here], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert procs[1].returncode == -9 and "1 committed 1" in outs[1], outs[1]
+    (rc0, out0), (rc1, out1) = run_processes(CHILD_KILLED, 2, [root, HERE], env, timeout=120)
+    outs = [out0, out1]
+    assert rc1 == -9 and "1 committed 1" in outs[1], outs[1]
     assert "0 committed 1" in outs[0] and "0 committed 2" not in outs[0], outs[0]
     # The survivor's error says which save failed, at which barrier, and which process is gone
     # (jax's coordination service also ends the survivor when it learns a peer died: it may
