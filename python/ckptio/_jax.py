@@ -62,48 +62,46 @@ def needs_chunks(x):
     return len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated
 
 
-def chunk_name(array, start):
-    """The manifest's name of the chunk of `array` starting at `start` (C++ ChunkName)."""
-    return f"{array}@{','.join(str(s) for s in start)}"
-
-
 def _box(index, shape):
     """A tuple of slices (a device's index) -> ((start, stop), ...)."""
     return tuple(sl.indices(n)[:2] for sl, n in zip(index, shape))
 
 
-# (sharding, shape, process) -> [(start, stop box, device to read from, local slices)]
+# (sharding, shape, process) -> _write_plan's answer
 _plans = {}
 
 
 def _write_plan(sharding, shape, process):
+    """[(start, device, local slices or None), ...]: the chunks of an array of
+    this sharding and shape that `process` writes, each read from `device`'s
+    shard (whole, or the slices of it). The processes holding a box split it
+    along the first axis their number divides; if none does, the first
+    writes it whole."""
     key = (sharding, shape, process)
     plan = _plans.get(key)
     if plan is not None:
         return plan
-    holders = {}  # box -> devices holding it, in device id order
+    holders = {}  # box -> devices holding it
     for device, index in sharding.devices_indices_map(shape).items():
         holders.setdefault(_box(index, shape), []).append(device)
     plan = []
     for box, devices in holders.items():
-        devices.sort(key=lambda d: d.id)
         processes = sorted({d.process_index for d in devices})
         if process not in processes:
             continue
-        mine = next(d for d in devices if d.process_index == process)
-        extents = [stop - start for start, stop in box]
-        count = len(processes)
-        axis = next((a for a, e in enumerate(extents) if e > 0 and e % count == 0), None) if count > 1 else None
-        local = [slice(0, e) for e in extents]
-        piece = list(box)
-        if count > 1 and axis is None:
-            if process != processes[0]:
-                continue  # nothing divides: the first holder writes it whole
-        elif count > 1:
-            k, part = processes.index(process), extents[axis] // count
-            local[axis] = slice(k * part, (k + 1) * part)
-            piece[axis] = (box[axis][0] + k * part, box[axis][0] + (k + 1) * part)
-        plan.append((tuple(s for s, _ in piece), tuple(e - s for s, e in piece), mine, tuple(local)))
+        mine = min((d for d in devices if d.process_index == process), key=lambda d: d.id)
+        start, local = [s for s, _ in box], None
+        if len(processes) > 1:
+            extents = [stop - s for s, stop in box]
+            count = len(processes)
+            axis = next((a for a, e in enumerate(extents) if e > 0 and e % count == 0), None)
+            if axis is None and process != processes[0]:
+                continue
+            if axis is not None:
+                k, part = processes.index(process), extents[axis] // count
+                local = tuple(slice(k * part, (k + 1) * part) if a == axis else slice(None) for a in range(len(box)))
+                start[axis] += k * part
+        plan.append((tuple(start), mine, local))
     if len(_plans) > 4096:
         _plans.clear()
     _plans[key] = plan
@@ -127,10 +125,9 @@ def chunks(x, process):
     CPU) or slices of them."""
     by_device = {s.device: s for s in x.addressable_shards}
     out = []
-    for start, _, device, local in _write_plan(x.sharding, tuple(x.shape), process):
+    for start, device, local in _write_plan(x.sharding, tuple(x.shape), process):
         data = np.asarray(by_device[device].data)
-        whole = all((sl.start, sl.stop) == (0, n) for sl, n in zip(local, data.shape))
-        out.append((start, data if whole else data[local]))
+        out.append((start, data if local is None else data[local]))
     return out
 
 

@@ -112,7 +112,7 @@ class CheckpointManager:
         ``.timings``). Raises on bad input, a step already committed, or the
         failure of an earlier background save (reported once)."""
         step = _check_step(step)
-        names, dtypes, arrays, chunks, description, immutable = _tree.flatten_for_save(tree, *self._process)
+        names, dtypes, arrays, chunks, description, immutable = _tree.flatten(tree, *self._process)
         meta = {_tree.TREE_KEY: description}
         if metadata is not None:
             meta[_tree.USER_KEY] = metadata
@@ -158,26 +158,27 @@ class CheckpointManager:
             step = self._m.latest_step()
             if step is None:
                 raise NotFoundError(f"no committed checkpoint in {self.root}", "NotFound")
-        catalog = _jax.Catalog(self._m.tensors(step))
-        if catalog.chunked or (target is not None and _tree.has_jax_leaves(target)):
-            return self._restore_arrays(step, target, catalog)
-        _, metadata_json, tensors = self._m.restore(step, _dtypes.NUMPY_DTYPES)
-        arrays = dict(tensors)
+        metadata_json, listed = self._m.tensors(step)  # the manifest, read once here
+        catalog = _jax.Catalog(listed)
         description = self._description(metadata_json)
+        if catalog.chunked or (target is not None and _tree.has_jax_leaves(target)):
+            arrays = self._read_arrays(step, target, catalog, description)
+        else:
+            _, _, tensors = self._m.restore(step, _dtypes.NUMPY_DTYPES)
+            arrays = dict(tensors)
         if target is not None:
-            return _tree.like(target, arrays, description)
+            return _tree.like(target, arrays, None if description is _NO_TREE else description)
         if description is _NO_TREE or _tree.leaf_names(description) != set(arrays):
             # Written by C++ or the CLI, or by several processes (the tree
             # stored is process 0's part): nested dicts by name.
             return _tree.nest(arrays)
         return _tree.unflatten(description, arrays)
 
-    def _restore_arrays(self, step, target, catalog):
-        """Restore by ranged reads: a checkpoint holding sharded arrays, or a
-        target asking for jax.Arrays. Only the arrays the target names are
-        read, and for a sharded target only what this process's devices hold."""
-        description = self._description(self._m.info(step)["metadata_json"])
-        description = None if description is _NO_TREE else description
+    def _read_arrays(self, step, target, catalog, description):
+        """name -> array by ranged reads: for a checkpoint holding sharded
+        arrays, or a target asking for jax.Arrays. Only the arrays the target
+        names are read (all the tree's without one), and for a sharded target
+        only what this process's devices hold."""
         reads = _jax.Reads(catalog)
         arrays, pending = {}, []
 
@@ -195,10 +196,9 @@ class CheckpointManager:
             pending.clear()
 
         if target is None:
-            names = _tree.leaf_names(description) if description is not None else set(catalog.arrays)
-            if not names <= set(catalog.arrays):
-                names = set(catalog.arrays)  # several processes' parts: nested dicts by name
-                description = None
+            names = set(catalog.arrays)
+            if description is not _NO_TREE and _tree.leaf_names(description) <= names:
+                names = _tree.leaf_names(description)
             for name in names:
                 plan(name, _jax.plan_whole(reads, name))
         else:
@@ -210,11 +210,7 @@ class CheckpointManager:
                 else:
                     plan(name, _jax.plan_whole(reads, name))
         flush()
-        if target is not None:
-            return _tree.like(target, arrays, description)
-        if description is None:
-            return _tree.nest(arrays)
-        return _tree.unflatten(description, arrays)
+        return arrays
 
     def metadata(self, step=None):
         """The ``metadata`` given to ``save`` (the whole metadata object for a

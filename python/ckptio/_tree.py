@@ -74,8 +74,9 @@ def _torch_to_numpy(t):
 
 
 def _leaf_kind(value, name):
-    """The leaf kind to_array would give, without converting (a sharded
-    jax.Array is never gathered to find it)."""
+    """What a leaf is stored as (its description's "kind"), decided without
+    converting it (a sharded jax.Array is never gathered to find it).
+    Raises TypeError naming the leaf if it is neither an array nor a scalar."""
     if isinstance(value, bool):
         return _BOOL
     if isinstance(value, int):
@@ -86,35 +87,29 @@ def _leaf_kind(value, name):
         return _SCALAR
     if isinstance(value, np.ndarray) or _is_torch_tensor(value) or hasattr(value, "__array__"):
         return _ARRAY
-    to_array(value, name)  # raises the TypeError naming the leaf
-    return _ARRAY
+    raise TypeError(
+        f"cannot save {name!r}: {type(value).__module__}.{type(value).__qualname__} is neither "
+        "an array nor a scalar (trees are dicts, lists, tuples and namedtuples of arrays, "
+        "scalars, None and strings)")
 
 
-def to_array(value, name):
-    """(C-contiguous numpy array, leaf kind) for one leaf; no copy when the
+_PYTHON_SCALARS = {_BOOL: np.bool_, _INT: np.int64, _FLOAT: np.float64}
+
+
+def to_array(value, name, kind):
+    """The C-contiguous numpy array of one leaf of `kind`; no copy when the
     leaf already is a C-contiguous array of a supported dtype."""
-    if isinstance(value, bool):
-        return np.asarray(value, dtype=np.bool_), _BOOL
-    if isinstance(value, int):
+    if kind in _PYTHON_SCALARS:
         try:
-            return np.asarray(value, dtype=np.int64), _INT
+            return np.asarray(value, dtype=_PYTHON_SCALARS[kind])
         except OverflowError:
             raise OverflowError(f"cannot save {name!r}: Python int {value} does not fit in int64") from None
-    if isinstance(value, float):
-        return np.asarray(value, dtype=np.float64), _FLOAT
-    if isinstance(value, np.generic):
-        array, kind = np.asarray(value), _SCALAR
-    elif isinstance(value, np.ndarray):
-        array, kind = value, _ARRAY
+    if isinstance(value, np.ndarray):
+        array = value
     elif _is_torch_tensor(value):
-        array, kind = _torch_to_numpy(value), _ARRAY
-    elif hasattr(value, "__array__"):
-        array, kind = np.asarray(value), _ARRAY  # jax.Array: a host view on CPU
+        array = _torch_to_numpy(value)
     else:
-        raise TypeError(
-            f"cannot save {name!r}: {type(value).__module__}.{type(value).__qualname__} is neither "
-            "an array nor a scalar (trees are dicts, lists, tuples and namedtuples of arrays, "
-            "scalars, None and strings)")
+        array = np.asarray(value)  # a numpy scalar; a jax.Array: a host view on the CPU
     if _dtypes.dtype_name(array.dtype) is None:
         if array.dtype.byteorder not in "=|" and _dtypes.dtype_name(array.dtype.newbyteorder("=")):
             array = array.astype(array.dtype.newbyteorder("="))
@@ -123,53 +118,43 @@ def to_array(value, name):
                             f"(supported: {_dtypes.supported()})")
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)  # the one copy ckptio ever makes itself
-    return array, kind
+    return array
 
 
-def flatten(tree):
-    """(names, dtype names, arrays, description) of a tree."""
-    names, dtypes, arrays, _, description = flatten_chunks(tree)
-    return names, dtypes, arrays, description
+def flatten(tree, process=0, process_count=1):
+    """(names, dtype names, arrays, chunks, description, immutable) of a tree.
 
+    A jax.Array spread over devices becomes the chunks this process writes:
+    chunks[i] = (array name, global shape, start), and names[i] is "" (the
+    library names chunks); None for a whole tensor. When several processes
+    save one tree of global arrays, the whole tensors (numpy arrays, scalars:
+    the same on every process) are written by process 0 alone.
 
-def flatten_chunks(tree, process=0, process_count=1):
-    """(names, dtype names, arrays, chunks, description) of a tree whose
-    jax.Arrays may be sharded: such an array becomes the chunks this process
-    writes (chunks[i] = (array name, global shape, start); None for a whole
-    tensor). When several processes save one tree of global arrays, the
-    whole tensors (numpy arrays, scalars: the same on every process) are
-    written by process 0 alone."""
-    names, dtypes, arrays, chunks, description, _ = flatten_for_save(tree, process, process_count)
-    return names, dtypes, arrays, chunks, description
-
-
-def flatten_for_save(tree, process=0, process_count=1):
-    """flatten_chunks, plus whether every array of the save is immutable or
-    ckptio's own, so that the save may borrow them instead of copying: views
-    of jax.Arrays (jax never writes a buffer in place while something outside
-    references it: a donation is refused and the step writes a new buffer),
-    and the arrays made here from scalars. The caller's numpy arrays are not."""
+    `immutable`: every array of the save is immutable or ckptio's own, so the
+    save may borrow them instead of copying: views of jax.Arrays (jax never
+    writes a buffer in place while something outside references it: a
+    donation is refused and the step writes a new buffer), and the arrays
+    made here from scalars. The caller's numpy arrays are not."""
     leaves = []
     description = _encode(tree, (), leaves)
-    _jax.start_host_copies(value for _, value in leaves)
+    _jax.start_host_copies(value for _, value, _ in leaves)
     names, dtypes, arrays, chunks = [], [], [], []
-    sharded = any(_jax.needs_chunks(value) for _, value in leaves)
+    sharded = any(_jax.needs_chunks(value) for _, value, _ in leaves)
     immutable = True
-    for name, value in leaves:
+    for name, value, kind in leaves:
         if _jax.needs_chunks(value):
             global_shape = tuple(int(n) for n in value.shape)
             for start, data in _jax.chunks(value, process):
-                array, _ = to_array(data, name)
-                names.append(_jax.chunk_name(name, start))
+                array = to_array(data, name, _ARRAY)
+                names.append("")
                 dtypes.append(_dtypes.dtype_name(array.dtype))
                 arrays.append(array)
                 chunks.append((name, global_shape, tuple(int(s) for s in start)))
             continue
         if sharded and process_count > 1 and process != 0:
             continue
-        array, _ = to_array(value, name)
-        immutable = immutable and (_jax.is_jax_array(value) or array is not value and not
-                                   isinstance(value, np.ndarray) and not _is_torch_tensor(value))
+        array = to_array(value, name, kind)
+        immutable = immutable and (kind != _ARRAY or _jax.is_jax_array(value))
         names.append(name)
         dtypes.append(_dtypes.dtype_name(array.dtype))
         arrays.append(array)
@@ -199,8 +184,9 @@ def _encode(node, path, out):
         kind = "list" if isinstance(node, list) else "tuple"
         return {kind: [_encode(v, path + (str(i),), out) for i, v in enumerate(node)]}
     name = _name(path)
-    out.append((name, node))
-    return {"leaf": name, "kind": _leaf_kind(node, name)}
+    kind = _leaf_kind(node, name)
+    out.append((name, node, kind))
+    return {"leaf": name, "kind": kind}
 
 
 def _leaf_value(array, kind):

@@ -370,11 +370,17 @@ class PyManager {
       Check(InvalidArgumentError("save: names and chunks differ in length"));
     }
     for (size_t i = 0; i < n; ++i) {
-      refs.push_back(Ref(names[i], dtypes[i], arrays[i]));
-      if (chunks.is_none() || chunks[py::int_(i)].is_none()) continue;
-      auto [array, global_shape, start] =
-          py::cast<std::tuple<std::string, std::vector<uint64_t>, std::vector<uint64_t>>>(chunks[py::int_(i)]);
-      refs.back().chunk = {std::move(array), std::move(global_shape), std::move(start)};
+      ChunkOf chunk;
+      if (!chunks.is_none() && !chunks[py::int_(i)].is_none()) {
+        auto [array, global_shape, start] =
+            py::cast<std::tuple<std::string, std::vector<uint64_t>, std::vector<uint64_t>>>(chunks[py::int_(i)]);
+        chunk = {std::move(array), std::move(global_shape), std::move(start)};
+      }
+      // A chunk named "" is named by the library (ChunkName).
+      auto name = py::cast<std::string>(names[i]);
+      if (name.empty() && !chunk.empty()) name = ChunkName(chunk.array, chunk.start);
+      refs.push_back(Ref(std::move(name), dtypes[i], arrays[i]));
+      refs.back().chunk = std::move(chunk);
     }
     // The manager holds the arrays (the caller's, or copies the package made
     // contiguous) until nothing reads them: the caller may drop its own
@@ -454,9 +460,9 @@ class PyManager {
     return py::make_tuple(rc.step, rc.metadata_json, tensors);
   }
 
-  // [(name, dtype name, shape, None or (array, global shape, start)), ...]
-  // of checkpoint `step`, as its manifest lists them.
-  py::list Tensors(int64_t step) {
+  // (metadata json, [(name, dtype name, shape, None or (array, global
+  // shape, start)), ...]) of checkpoint `step`, as its manifest lists them.
+  py::tuple Tensors(int64_t step) {
     CheckpointInfo i = ReadInfo(step);
     py::list out;
     for (const TensorInfo& t : i.tensor_list) {
@@ -466,7 +472,7 @@ class PyManager {
       }
       out.append(py::make_tuple(t.name, std::string(base::DTypeName(t.dtype)), py::tuple(py::cast(t.shape)), chunk));
     }
-    return out;
+    return py::make_tuple(i.metadata_json, out);
   }
 
   // Reads byte ranges of named tensors of checkpoint `step` into writable
@@ -583,9 +589,9 @@ class PyManager {
 
   // One tensor of a save: the array must be C-contiguous (the package made
   // it so) and its itemsize must be the dtype's.
-  static TensorRef Ref(py::handle name, py::handle dtype, py::handle obj) {
+  static TensorRef Ref(std::string name, py::handle dtype, py::handle obj) {
     TensorRef ref;
-    ref.name = py::cast<std::string>(name);
+    ref.name = std::move(name);
     ref.dtype = Take(base::ParseDType(py::cast<std::string>(dtype)));
     if (!py::isinstance<py::array>(obj)) {
       Check(InvalidArgumentError("tensor \"" + ref.name + "\": not a numpy array"));

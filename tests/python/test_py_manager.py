@@ -343,5 +343,8 @@ def test_a_checkpoint_written_without_a_tree_restores_as_nested_dicts(tmp_path):
     with ckptio.CheckpointManager(tmp_path / "ckpt", read_only=True) as mgr:
         back = mgr.restore()
         assert mgr.metadata() in ({}, None) or isinstance(mgr.metadata(), dict)
+        # With a target too (this raised TypeError: the missing tree was handed on as one).
+        shaped = mgr.restore(target={"params": {"dense": {"kernel": np.zeros((2, 2), np.float32)}}})
     assert same(back["params"]["dense"]["kernel"], np.ones((2, 2), np.float32))
     assert same(back["opt"]["step"], np.array(4, np.int64))
+    assert list(shaped) == ["params"] and same(shaped["params"]["dense"]["kernel"], np.ones((2, 2), np.float32))
