@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
-#include <set>
 #include <vector>
 
 #include "base/status_macros.h"
@@ -40,10 +39,11 @@ class Layout {
     for (const TensorInfo& t : tensors) {
       Place place;
       if (t.chunk.empty()) {
-        place.entry = Add(t.name, t.dtype, t.shape);
+        place.entry = Add(t.name, t.dtype, t.shape, t.bytes);
       } else {
         auto [it, added] = arrays.try_emplace(t.chunk.array, entries_.size());
-        if (added) Add(t.chunk.array, t.dtype, t.chunk.global_shape);
+        // The reader checked the global shape's bytes against the limit.
+        if (added) Add(t.chunk.array, t.dtype, t.chunk.global_shape, *base::TensorBytes(t.dtype, t.chunk.global_shape));
         place.entry = it->second;
         place.chunk = &t;
         chunked_ = true;
@@ -54,6 +54,7 @@ class Layout {
   }
 
   bool chunked() const { return chunked_; }
+  size_t tensors() const { return entries_.size(); }  // of the export (an array counts once)
   const std::string& prefix() const { return prefix_; }
   uint64_t size() const { return prefix_.size() + data_bytes_; }
 
@@ -93,9 +94,7 @@ class Layout {
     const TensorInfo* chunk = nullptr;  // the chunk, when the tensor is one
   };
 
-  size_t Add(const std::string& name, DType dtype, const std::vector<uint64_t>& shape) {
-    uint64_t bytes = base::DTypeSize(dtype);
-    for (uint64_t d : shape) bytes *= d;
+  size_t Add(const std::string& name, DType dtype, const std::vector<uint64_t>& shape, uint64_t bytes) {
     entries_.push_back({name, dtype, shape, data_bytes_, data_bytes_ + bytes});
     data_bytes_ += bytes;
     return entries_.size() - 1;
@@ -134,9 +133,7 @@ Result<Exported> StreamTo(CheckpointManager& manager, std::optional<int64_t> ste
     ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(out, mode));
     file.emplace(std::move(f));
     done.step = s;
-    std::set<std::string> names;
-    for (const TensorInfo& t : tensors) names.insert(t.chunk.empty() ? t.name : t.chunk.array);
-    done.tensors = names.size();
+    done.tensors = layout->tensors();
     const auto prefix = std::as_bytes(std::span(layout->prefix()));
     written = prefix.size();
     return layout->chunked() ? file->WriteAt(0, prefix) : file->Append(prefix);

@@ -28,11 +28,12 @@ Status CheckChunksToSave(const SavePlan& plan, const Options& options) {
 }
 }  // namespace
 
-Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, const Options& options) {
+Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, const Options& options,
+                          std::optional<SnapshotMode> snapshot) {
   if (step < 0) return InvalidArgumentError("step must be >= 0, got " + std::to_string(step));
   SavePlan plan;
   plan.step = step;
-  plan.borrow = options.snapshot == SnapshotMode::kBorrow;
+  plan.borrow = snapshot.value_or(options.snapshot) == SnapshotMode::kBorrow;
   plan.specs.reserve(tensors.size());
   plan.sources.reserve(tensors.size());
   bool chunked = false;

@@ -2,6 +2,7 @@
 // SavePlan: how one save lays out its tensors, in files and in staging.
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,7 +37,9 @@ struct SavePlan {
 // empty name is filled in (ChunkName). The chunks of each array must cover it
 // unless this is one process's part of a multi-host save.
 // Multi-host saves name shards after the process ("shard-p00003-00000...").
-Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, const Options& options);
+// `snapshot`, if set, replaces options.snapshot for this save.
+Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, const Options& options,
+                          std::optional<SnapshotMode> snapshot = std::nullopt);
 
 // The byte ranges CRC32C is computed over: every tensor split into pieces of
 // at most `piece` bytes. `dst` is where the bytes land in staging (copy mode)
