@@ -115,17 +115,6 @@ def specs(where):
             "rep": NamedSharding(mesh, P())}
 
 
-def nest(pairs):
-    tree = {}
-    for name, value in pairs:
-        node = tree
-        parts = name.split("/")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return tree
-
-
 def make_state(nbytes):
     """The state on the (4, 2) mesh, one array at a time (the host copy of
     each dropped once it is on the devices)."""
@@ -139,7 +128,7 @@ def make_state(nbytes):
         host = rng.random(shape, dtype=np.float32)
         pairs.append((name, jax.device_put(host, sharding[kind])))
         del host
-    state = nest(pairs)
+    state = tc.nest(pairs)
     jax.block_until_ready(state)
     return state
 
@@ -169,7 +158,7 @@ def make_global_state(nbytes):
     pairs = [(name, jax.make_array_from_callback(shape, sharding[kind],
                                                  lambda index, seed=seed, shape=shape: hashed(seed, index, shape)))
              for seed, (name, shape, kind) in enumerate(layout(nbytes))]
-    state = nest(pairs)
+    state = tc.nest(pairs)
     jax.block_until_ready(state)
     return state
 
@@ -179,7 +168,7 @@ def abstract(where, nbytes):
     import numpy as np
 
     sharding = specs(where)
-    return nest((name, jax.ShapeDtypeStruct(shape, np.float32, sharding=sharding[kind]))
+    return tc.nest((name, jax.ShapeDtypeStruct(shape, np.float32, sharding=sharding[kind]))
                 for name, shape, kind in layout(nbytes))
 
 

@@ -121,7 +121,7 @@ def make_state(nbytes):
     specs = state_specs()
     total_weight = sum(w for _, _, w in specs if w)
     budget, used = nbytes - 4, 0
-    tree = {}
+    pairs = []
     rng = np.random.default_rng(7)
     for name, dtype_name, weight in specs:
         dtype = dtypes[dtype_name]
@@ -136,11 +136,19 @@ def make_state(nbytes):
         raw = rng.integers(0, 256, size=count * dtype.itemsize, dtype=np.uint8)
         array = raw.view(dtype).reshape(shape)
         used += array.nbytes
+        pairs.append((name, array))
+    return nest(pairs)
+
+
+def nest(pairs):
+    """Nested dicts from ("a/b/c", value) pairs."""
+    tree = {}
+    for name, value in pairs:
         node = tree
         parts = name.split("/")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = array
+        node[parts[-1]] = value
     return tree
 
 
