@@ -29,7 +29,7 @@ TSAN_TARGETS := $(addprefix tests/,$(addsuffix _test,$(filter-out gcs_loops,$(TS
 DEMO_ARGS ?=
 
 APT_PACKAGES := g++ make meson ninja-build pkg-config cmake python3 python3-venv \
-  liburing-dev libcurl4-openssl-dev libssl-dev nlohmann-json3-dev doctest-dev libisal-dev \
+  liburing-dev libcurl4-openssl-dev libssl-dev nlohmann-json3-dev doctest-dev libisal-dev libxxhash-dev \
   fio openmpi-bin libopenmpi-dev clang libclang-rt-14-dev
 VENV := .venv
 PYTHON := $(VENV)/bin/python

@@ -35,8 +35,8 @@ format::Manifest Part(int process) {
   format::Manifest m;
   char shard[64];
   std::snprintf(shard, sizeof shard, "shard-p%05d-00000.safetensors", process);
-  m.shards.push_back({shard, 4096 + 64, 0});
-  m.tensors.push_back({"p" + std::to_string(process) + "/w", DType::kU8, {64}, 0, 4096, 64, 0});
+  m.shards.push_back({shard, 4096 + 64, 0, {}});
+  m.tensors.push_back({"p" + std::to_string(process) + "/w", DType::kU8, {64}, 0, 4096, 64, 0, {}, {}});
   return m;
 }
 

@@ -120,7 +120,8 @@ struct ManagerStats {
   uint64_t saves_committed = 0;
   uint64_t saves_failed = 0;
   uint64_t saves_skipped = 0;
-  uint64_t bytes_committed = 0;
+  uint64_t bytes_committed = 0;   // bytes of the shard files committed saves wrote
+  uint64_t bytes_reused = 0;      // tensor bytes incremental saves did not write again
   uint64_t checkpoints_pruned = 0;
   uint64_t storage_retries = 0;  // requests retried after a transient failure (GCS)
 };

@@ -59,6 +59,11 @@ struct Options {
   std::string prefix = "checkpoint_";
   // Replace a committed checkpoint of the same step instead of failing.
   bool overwrite = false;
+  // Incremental saves: a tensor whose bytes (XXH3-128 content hash, and
+  // CRC32C) did not change since the last committed step is not written
+  // again; the new manifest points into the earlier step's shard, which
+  // retention keeps while a kept step refers to it.
+  bool incremental = false;
   // CPU pool workers; 0 = one per core.
   int threads = 0;
 

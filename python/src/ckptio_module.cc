@@ -554,6 +554,7 @@ class PyManager {
     d["saves_failed"] = s.saves_failed;
     d["saves_skipped"] = s.saves_skipped;
     d["bytes_committed"] = s.bytes_committed;
+    d["bytes_reused"] = s.bytes_reused;
     d["checkpoints_pruned"] = s.checkpoints_pruned;
     d["storage_retries"] = s.storage_retries;
     return d;

@@ -215,6 +215,10 @@ const std::vector<Knob>& Table() {
              CheckPrefix),
       Bool(CKPTIO_KNOB(overwrite),
            "Replace a committed checkpoint of the same step instead of failing."),
+      Bool(CKPTIO_KNOB(incremental),
+           "Write only the tensors whose bytes changed since the last committed step (XXH3-128 "
+           "content hash and CRC32C); the others point into the earlier step's shards, kept while "
+           "referenced. Not with overwrite or multihost."),
       Int(CKPTIO_KNOB(threads), "CPU pool workers; 0 = one per core.", 0, 4096),
 
       Group("io", "Local file writes (io_uring)."),

@@ -126,6 +126,16 @@ int FormatVersionFor(const std::vector<ManifestTensor>& tensors) {
   return kManifestFormatVersion;
 }
 
+int FormatVersionFor(const Manifest& manifest) {
+  for (const ManifestShard& s : manifest.shards) {
+    if (!s.checkpoint.empty()) return kIncrementalFormatVersion;
+  }
+  for (const ManifestTensor& t : manifest.tensors) {
+    if (t.xxh3) return kIncrementalFormatVersion;
+  }
+  return FormatVersionFor(manifest.tensors);
+}
+
 Status CheckChunks(std::string_view file, const std::vector<ManifestTensor>& tensors, Chunks completeness) {
   std::map<std::string_view, std::vector<const ManifestTensor*>> arrays;
   std::unordered_set<std::string_view> whole;

@@ -87,6 +87,10 @@ Status FieldReader::Error(std::string_view problem) const {
 }
 
 Status FieldReader::CheckKeys(std::initializer_list<std::string_view> allowed) const {
+  return CheckKeys(std::span<const std::string_view>(allowed.begin(), allowed.size()));
+}
+
+Status FieldReader::CheckKeys(std::span<const std::string_view> allowed) const {
   for (const auto& [key, value] : obj_.items()) {
     bool known = false;
     for (std::string_view a : allowed) known = known || key == a;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +45,7 @@ class FieldReader {
   // Every key of the object must be one of `allowed`: an unknown key means a
   // writer we do not understand, and guessing is worse than refusing.
   Status CheckKeys(std::initializer_list<std::string_view> allowed) const;
+  Status CheckKeys(std::span<const std::string_view> allowed) const;
 
   Result<uint64_t> U64(std::string_view key) const;
   Result<int64_t> I64(std::string_view key) const;

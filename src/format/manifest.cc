@@ -22,7 +22,7 @@ std::string Compact(const Json& j) {
 
 Json ShardJson(const ManifestShard& s) {
   Json j;  // keys sort as bytes, crc32c, name: fine for a one-line object
-  j["name"] = s.name;
+  j["name"] = s.Path();
   j["bytes"] = s.bytes;
   j["crc32c"] = Crc32cToHex(s.crc32c);
   return j;
@@ -33,7 +33,7 @@ Json TensorJson(const ManifestTensor& t, const std::vector<ManifestShard>& shard
   j["name"] = t.name;
   j["dtype"] = std::string(base::DTypeName(t.dtype));
   j["shape"] = t.shape;
-  j["shard"] = t.shard < shards.size() ? shards[t.shard].name : std::string();
+  j["shard"] = t.shard < shards.size() ? shards[t.shard].Path() : std::string();
   j["offset"] = t.offset;
   j["bytes"] = t.bytes;
   j["crc32c"] = Crc32cToHex(t.crc32c);
@@ -42,6 +42,7 @@ Json TensorJson(const ManifestTensor& t, const std::vector<ManifestShard>& shard
     j["global_shape"] = t.chunk.global_shape;
     j["start"] = t.chunk.start;
   }
+  if (t.xxh3) j["xxh3"] = HashToHex(*t.xxh3);
   return j;
 }
 
@@ -76,10 +77,16 @@ Result<std::string> ReadName(std::string_view file, std::string_view list, size_
   return FieldReader(context, j).String("name");
 }
 
-Result<ManifestShard> ParseShard(std::string_view file, size_t i, const Json& j) {
+Result<ManifestShard> ParseShard(std::string_view file, size_t i, const Json& j, int version) {
   ManifestShard s;
   ASSIGN_OR_RETURN(s.name, ReadName(file, "shards", i, j));
   const FieldReader r(std::string(file) + ": shard " + Quoted(s.name), j);
+  // "checkpoint_100/shard-00000.safetensors": a file of an earlier checkpoint
+  // (both parts are checked as plain names by CheckShards).
+  if (const size_t slash = s.name.find('/'); version >= kIncrementalFormatVersion && slash != std::string::npos) {
+    s.checkpoint = s.name.substr(0, slash);
+    s.name.erase(0, slash + 1);
+  }
   RETURN_IF_ERROR(r.CheckKeys({"name", "bytes", "crc32c"}));
   ASSIGN_OR_RETURN(s.bytes, r.U64("bytes"));
   ASSIGN_OR_RETURN(s.crc32c, ReadCrc(r));
@@ -93,15 +100,23 @@ Result<ManifestTensor> ParseTensor(std::string_view file, size_t i, const Json& 
   ManifestTensor t;
   ASSIGN_OR_RETURN(t.name, ReadName(file, "tensors", i, j));
   const FieldReader r(std::string(file) + ": tensor " + Quoted(t.name), j);
+  std::vector<std::string_view> keys = {"name", "dtype", "shape", "shard", "offset", "bytes", "crc32c"};
+  if (version >= kIncrementalFormatVersion && j.contains("xxh3")) {
+    keys.push_back("xxh3");
+    ASSIGN_OR_RETURN(std::string hex, r.String("xxh3"));
+    auto hash = HashFromHex(hex);
+    if (!hash.ok()) return AsCorruption(r.context(), hash.status());
+    t.xxh3 = *hash;
+  }
   if (version >= kChunkedFormatVersion && j.contains("array")) {
-    RETURN_IF_ERROR(r.CheckKeys({"name", "dtype", "shape", "shard", "offset", "bytes", "crc32c", "array",
-                                 "global_shape", "start"}));
+    keys.insert(keys.end(), {"array", "global_shape", "start"});
+    RETURN_IF_ERROR(r.CheckKeys(keys));
     ASSIGN_OR_RETURN(t.chunk.array, r.String("array"));
     ASSIGN_OR_RETURN(t.chunk.global_shape, r.U64Array("global_shape"));
     ASSIGN_OR_RETURN(t.chunk.start, r.U64Array("start"));
     if (t.chunk.array.empty()) return r.Error("field \"array\" is empty");
   } else {
-    RETURN_IF_ERROR(r.CheckKeys({"name", "dtype", "shape", "shard", "offset", "bytes", "crc32c"}));
+    RETURN_IF_ERROR(r.CheckKeys(keys));
   }
   ASSIGN_OR_RETURN(std::string dtype, r.String("dtype"));
   auto parsed_dtype = base::ParseDType(dtype);
@@ -122,9 +137,9 @@ Result<ManifestTensor> ParseTensor(std::string_view file, size_t i, const Json& 
 
 Status ParseShards(std::string_view file, const Json& list, Manifest& m, ShardIndex& index) {
   for (size_t i = 0; i < list.size(); ++i) {
-    ASSIGN_OR_RETURN(ManifestShard shard, ParseShard(file, i, list[i]));
-    if (!index.emplace(shard.name, static_cast<uint32_t>(i)).second) {
-      return CorruptionError(std::string(file) + ": shard " + Quoted(shard.name) +
+    ASSIGN_OR_RETURN(ManifestShard shard, ParseShard(file, i, list[i], m.format_version));
+    if (!index.emplace(shard.Path(), static_cast<uint32_t>(i)).second) {
+      return CorruptionError(std::string(file) + ": shard " + Quoted(shard.Path()) +
                              " is listed twice");
     }
     m.shards.push_back(std::move(shard));
@@ -146,9 +161,9 @@ Status ParseTensors(std::string_view file, const Json& list, const ShardIndex& i
 // reported as such, not as a pile of unknown fields.
 Status ParseTopLevel(const FieldReader& r, Manifest& m) {
   ASSIGN_OR_RETURN(int64_t version, r.I64("format_version"));
-  if (version < kManifestFormatVersion || version > kChunkedFormatVersion) {
+  if (version < kManifestFormatVersion || version > kLatestFormatVersion) {
     return r.Error("unsupported format_version " + std::to_string(version) + " (this reader knows " +
-                   std::to_string(kManifestFormatVersion) + " to " + std::to_string(kChunkedFormatVersion) + ")");
+                   std::to_string(kManifestFormatVersion) + " to " + std::to_string(kLatestFormatVersion) + ")");
   }
   m.format_version = static_cast<int>(version);
   RETURN_IF_ERROR(r.CheckKeys(
@@ -167,11 +182,21 @@ Status ParseTopLevel(const FieldReader& r, Manifest& m) {
 // ---- Validating -----------------------------------------------------------
 
 Status CheckShards(std::string_view file, const std::vector<ManifestShard>& shards) {
-  std::unordered_set<std::string_view> names;
+  std::unordered_set<std::string> names;
   for (const ManifestShard& s : shards) {
     if (Status st = CheckShardFileName(s.name); !st.ok()) return AsCorruption(file, st);
-    const std::string context = std::string(file) + ": shard " + Quoted(s.name);
-    if (!names.insert(s.name).second) return CorruptionError(context + " is listed twice");
+    const std::string context = std::string(file) + ": shard " + Quoted(s.Path());
+    if (!s.checkpoint.empty()) {
+      // A directory (object prefix) directly under the root: a plain name,
+      // never "..", never a save in flight.
+      if (Status st = CheckShardFileName(s.checkpoint); !st.ok()) {
+        return CorruptionError(context + ": its checkpoint " + st.message());
+      }
+      if (s.checkpoint.find(".tmp-") != std::string::npos) {
+        return CorruptionError(context + ": its checkpoint is an unfinished save's directory");
+      }
+    }
+    if (!names.insert(s.Path()).second) return CorruptionError(context + " is listed twice");
     if (s.bytes > kMaxShardBytes) {
       return CorruptionError(context + ": " + std::to_string(s.bytes) +
                              " bytes exceeds the 2 PiB (2^51 bytes) shard limit");
@@ -199,7 +224,7 @@ Status CheckTensor(const std::string& context, const ManifestTensor& t,
   if (t.offset > shard.bytes || t.bytes > shard.bytes - t.offset) {
     return CorruptionError(context + ": offset " + std::to_string(t.offset) + " + " +
                            std::to_string(t.bytes) + " bytes runs past the end of shard " +
-                           Quoted(shard.name) + " (" + std::to_string(shard.bytes) + " bytes)");
+                           Quoted(shard.Path()) + " (" + std::to_string(shard.bytes) + " bytes)");
   }
   return Status::Ok();
 }
@@ -224,7 +249,7 @@ Status CheckNoOverlaps(std::string_view file, const Manifest& m) {
     if (cur.shard == prev.shard && cur.offset < prev.offset + prev.bytes) {
       return CorruptionError(std::string(file) + ": tensors " + Quoted(prev.name) + " and " +
                              Quoted(cur.name) + " overlap in shard " +
-                             Quoted(m.shards[cur.shard].name));
+                             Quoted(m.shards[cur.shard].Path()));
     }
   }
   return Status::Ok();
@@ -343,13 +368,15 @@ Result<Manifest> ParseManifest(std::string_view file, std::string_view bytes, Ch
 }
 
 Status ValidateManifest(std::string_view file, const Manifest& m, Chunks chunks) {
-  if (m.format_version < kManifestFormatVersion || m.format_version > kChunkedFormatVersion) {
+  if (m.format_version < kManifestFormatVersion || m.format_version > kLatestFormatVersion) {
     return CorruptionError(std::string(file) + ": unsupported format_version " +
                            std::to_string(m.format_version));
   }
-  if (m.format_version < FormatVersionFor(m.tensors)) {
-    return CorruptionError(std::string(file) + ": tensors split into chunks need format_version " +
-                           std::to_string(kChunkedFormatVersion) + ", the manifest says " +
+  if (const int needed = FormatVersionFor(m); m.format_version < needed) {
+    return CorruptionError(std::string(file) + ": " +
+                           (needed == kChunkedFormatVersion ? "tensors split into chunks"
+                                                            : "content hashes and shards of other checkpoints") +
+                           " need format_version " + std::to_string(needed) + ", the manifest says " +
                            std::to_string(m.format_version));
   }
   if (m.step < 0) {
@@ -384,20 +411,22 @@ Status CheckShardMatchesManifest(const Manifest& m, size_t shard_index,
   }
   const ManifestShard& shard = m.shards[shard_index];
   if (file_size != shard.bytes) {
-    return CorruptionError(shard.name + ": file is " + std::to_string(file_size) +
+    return CorruptionError(shard.Path() + ": file is " + std::to_string(file_size) +
                            " bytes, the manifest says " + std::to_string(shard.bytes));
   }
   std::unordered_map<std::string_view, const TensorEntry*> by_name;
   for (const TensorEntry& e : header.tensors) by_name.emplace(e.name, &e);
   for (const ManifestTensor& t : m.tensors) {
     if (t.shard != shard_index) continue;
-    const std::string context = shard.name + ": tensor " + Quoted(t.name);
+    const std::string context = shard.Path() + ": tensor " + Quoted(t.name);
     auto it = by_name.find(t.name);
     if (it == by_name.end()) {
       return CorruptionError(context + " is in the manifest but not in the shard header");
     }
     RETURN_IF_ERROR(CompareTensor(context, t, *it->second, header.data_start));
   }
+  // An earlier checkpoint's shard also holds the tensors that changed since.
+  if (!shard.checkpoint.empty()) return Status::Ok();
   return CheckNoExtraTensors(shard.name, m, shard_index, header);
 }
 

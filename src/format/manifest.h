@@ -38,9 +38,20 @@
 // The chunks of an array tile it exactly (same dtype and global shape, inside
 // it, no overlap, no gap). Writers use version 1 when no tensor is a chunk,
 // so that older readers still read those checkpoints.
+//
+// format_version 3 adds incremental saves. A tensor may carry its content
+// hash ("xxh3": 32 hex digits, format/content_hash.h), and a shard may be a
+// file of an earlier checkpoint of the same root, named by that checkpoint's
+// directory and the file ("checkpoint_100/shard-00000.safetensors", both
+// parts plain names): the tensors of step N that did not change since step
+// 100 point into step 100's shard instead of being written again. Such a
+// shard lists the same bytes and CRC32C as in its own checkpoint; the tensors
+// placed in it may be a subset of its header's (those that did not change).
+// Retention keeps a referenced file until no kept checkpoint refers to it.
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,12 +61,15 @@
 #include "ckptio/status.h"
 #include "ckptio/tensor.h"
 #include "base/dtype.h"
+#include "format/content_hash.h"
 #include "format/safetensors.h"
 
 namespace ckptio::format {
 
 inline constexpr int kManifestFormatVersion = 1;  // whole tensors only
 inline constexpr int kChunkedFormatVersion = 2;   // tensors may be chunks of arrays
+inline constexpr int kIncrementalFormatVersion = 3;  // content hashes, shards of earlier checkpoints
+inline constexpr int kLatestFormatVersion = kIncrementalFormatVersion;
 // A manifest lists ~100 bytes per tensor: 256 MiB is millions of tensors.
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
 // A shard holds at most one tensor over shard_size (<= base::kMaxTensorBytes) plus
@@ -66,6 +80,13 @@ struct ManifestShard {
   std::string name;  // a plain file name in the checkpoint directory
   uint64_t bytes = 0;  // the whole file
   uint32_t crc32c = 0;  // of the whole file
+  // format_version 3: the earlier checkpoint (a plain directory / object
+  // prefix name under the same root) whose file this is; empty: this one.
+  std::string checkpoint = {};
+
+  // How the manifest names it: "shard-00000.safetensors" or
+  // "checkpoint_100/shard-00000.safetensors".
+  std::string Path() const { return checkpoint.empty() ? name : checkpoint + "/" + name; }
 };
 
 struct ManifestTensor {
@@ -77,6 +98,7 @@ struct ManifestTensor {
   uint64_t bytes = 0;
   uint32_t crc32c = 0;  // of the tensor's bytes
   ChunkOf chunk = {};   // format_version 2: set when the tensor is a chunk of an array
+  std::optional<Hash128> xxh3 = {};  // format_version 3: the content hash, if computed
 };
 
 struct Manifest {
@@ -96,6 +118,9 @@ std::string SerializeManifest(const Manifest& manifest);
 // The format_version a manifest with these tensors is written as: 2 when one
 // is a chunk of an array, else 1.
 int FormatVersionFor(const std::vector<ManifestTensor>& tensors);
+// The format_version a manifest is written as: 3 when a tensor has a content
+// hash or a shard is an earlier checkpoint's, else as above.
+int FormatVersionFor(const Manifest& manifest);
 
 // Whether a manifest must hold every chunk of its arrays (a committed
 // manifest) or may hold some (one process's fragment of a multi-host save).

@@ -122,7 +122,7 @@ Task<Result<format::Manifest>> GatherFragments(runtime::Loop& loop, storage::Che
       merged.tensors.push_back(std::move(t));
     }
   }
-  merged.format_version = format::FormatVersionFor(merged.tensors);
+  merged.format_version = format::FormatVersionFor(merged);
   CO_TRY(format::ValidateManifest(spec.step_name + "/manifest.json (merged from " + std::to_string(count) +
                                       " fragments)",
                                   merged));

@@ -24,9 +24,10 @@ namespace {
 
 // Chunk sizes: the snapshot copies 1 MiB at a time (fits L2, so a fused CRC
 // reads it back from cache); background CRC jobs take 8 MiB (few pool round
-// trips, yet short enough not to hold up a trainer's urgent copy work).
+// trips, yet short enough not to hold up a trainer's urgent copy work; the
+// same pieces as the content hash's, so one job computes both).
 constexpr size_t kCopyChunk = size_t{1} << 20;
-constexpr size_t kCrcChunk = size_t{8} << 20;
+constexpr size_t kCrcChunk = format::kHashPiece;
 
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -78,6 +79,16 @@ void SaveState::Finish(Status s) {
 Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options options, bool read_only,
                                                        std::shared_ptr<Barrier> barrier) {
   ASSIGN_OR_RETURN(storage::RootUrl url, storage::ParseRootUrl(root));
+  if (options.incremental && !read_only) {
+    if (options.overwrite) {
+      return InvalidArgumentError("incremental saves cannot be combined with overwrite: replacing a step would "
+                                  "delete the shards later steps refer to");
+    }
+    if (options.multihost.process_count > 1) {
+      return InvalidArgumentError("incremental saves are not supported in multi-host saves yet (process_count " +
+                                  std::to_string(options.multihost.process_count) + ")");
+    }
+  }
   std::unique_ptr<ManagerImpl> m(new ManagerImpl(std::move(url), std::move(options)));
   m->read_only_ = read_only;
   if (!m->options_.trace.path.empty()) m->tracer_ = std::make_unique<runtime::Tracer>(m->options_.trace.path);
@@ -194,17 +205,33 @@ Task<Status> ManagerImpl::Refresh(bool remove_debris) {
     std::lock_guard lock(mu_);
     committed_ = committed;
   }
+  std::erase_if(refs_, [&](const auto& kv) { return committed.count(kv.first) == 0; });
   if (!remove_debris) co_return Status::Ok();
   // Debris: anything tmp-marked (we hold the writer lock, so no save of ours
   // is in flight), and unfinished steps older than the newest commit (a
   // remote store has no tmp names; a newer one may still be in flight). In a
   // multi-host job other processes may be writing a newer step already:
   // only what is older than the newest commit is debris there.
+  // A step directory without a manifest may also be a retired checkpoint
+  // (pruned, but holding files that kept steps refer to): its referenced
+  // files stay.
   int64_t newest = committed.empty() ? -1 : *committed.rbegin();
+  bool references_known = false;
+  References referenced;
   for (const auto& [step, name] : unfinished) {
     bool tmp = name.find(storage::kTmpMarker) != std::string::npos;
     if ((!tmp || multihost()) && step >= newest) continue;
-    Status s = co_await storage_->Remove(name);
+    Status s;
+    if (tmp) {
+      s = co_await storage_->Remove(name);
+    } else {
+      if (!references_known) {
+        CO_TRY(co_await LoadReferences());
+        referenced = Referenced();
+        references_known = true;
+      }
+      s = co_await RemoveUnreferenced(name, /*prune=*/false, referenced);
+    }
     if (!s.ok()) co_return s.WithContext("cannot remove the debris of an unfinished save in " + root_);
   }
   co_return Status::Ok();
@@ -324,6 +351,10 @@ void ManagerImpl::TakeSnapshot(SaveJob* job) {
     CopySnapshot(*pool_, plan, job->region, copy, &crc);
     job->tensor_crc = CombineChunkCrcs(plan, copy, crc);
     job->crc_fused = true;
+    if (options_.incremental) {  // the content hash, in the background
+      job->hash_chunks = MakeChunks(plan, job->region, format::kHashPiece);
+      job->chunk_hash.assign(job->hash_chunks.size(), {});
+    }
   } else {
     // By default the CRC32C runs in a background pass over staging (or over
     // the borrowed buffers) while the shards are written: the trainer waits
@@ -331,6 +362,7 @@ void ManagerImpl::TakeSnapshot(SaveJob* job) {
     CopySnapshot(*pool_, plan, job->region, copy, nullptr);
     job->crc_chunks = MakeChunks(plan, job->region, kCrcChunk);
     job->chunk_crc.assign(job->crc_chunks.size(), 0);
+    if (options_.incremental) job->chunk_hash.assign(job->crc_chunks.size(), {});
   }
   job->images = MakeImages(plan, job->region);
   // Each shard's whole-file CRC32C lands in shard_crc once crc_ready is set
@@ -345,11 +377,30 @@ void ManagerImpl::TakeSnapshot(SaveJob* job) {
 
 Task<void> ManagerImpl::ComputeCrcs(SaveJob* job) {
   runtime::ScopedSpan span(tracer_.get(), runtime::Track::kChecksum, "CRC32C " + std::to_string(job->plan.step));
+  const bool hash = options_.incremental;
   if (!job->crc_fused) {
-    co_await ComputeChunkCrcs(*pool_, &job->crc_chunks, &job->chunk_crc, pool_->size());
+    co_await ComputeChunkCrcs(*pool_, &job->crc_chunks, &job->chunk_crc, pool_->size(),
+                              hash ? &job->chunk_hash : nullptr);
     job->tensor_crc = CombineChunkCrcs(job->plan, job->crc_chunks, job->chunk_crc);
+    if (hash) job->tensor_hash = CombineChunkHashes(job->plan, job->crc_chunks, job->chunk_hash);
+  } else if (hash) {
+    co_await ComputeChunkCrcs(*pool_, &job->hash_chunks, nullptr, pool_->size(), &job->chunk_hash);
+    job->tensor_hash = CombineChunkHashes(job->plan, job->hash_chunks, job->chunk_hash);
   }
-  std::vector<uint32_t> shard = ShardCrcs(job->plan, job->tensor_crc);
+  // An incremental save decides what to write first (PlanIncremental).
+  if (!hash) FinishCrcs(job);
+}
+
+void ManagerImpl::FinishCrcs(SaveJob* job) {
+  std::vector<uint32_t> shard;
+  if (job->reusing) {
+    std::vector<uint32_t> crc;
+    for (size_t i : job->changed_from) crc.push_back(job->tensor_crc[i]);
+    shard = ShardCrcs(job->changed, crc);
+  } else {
+    shard = ShardCrcs(job->plan, job->tensor_crc);
+  }
+  job->shard_crc.resize(shard.size());
   std::copy(shard.begin(), shard.end(), job->shard_crc.begin());  // in place: images point here
   job->crc_ready.Set();
 }
@@ -358,6 +409,7 @@ Task<void> ManagerImpl::RunSave(std::shared_ptr<SaveJob> job) {
   const int64_t step = job->plan.step;
   Status s = co_await Persist(job.get());
   ReleaseStaging(job.get());
+  if (job->base) Unpin(job->base->step);
   if (!s.ok()) s = std::move(s).WithContext("cannot save step " + std::to_string(step) + " to " + root_);
   {
     std::lock_guard lock(mu_);
@@ -365,11 +417,20 @@ Task<void> ManagerImpl::RunSave(std::shared_ptr<SaveJob> job) {
     if (s.ok()) {
       committed_.insert(step);
       ++stats_.saves_committed;
-      stats_.bytes_committed += job->plan.checkpoint_bytes;
+      stats_.bytes_committed += job->reusing ? job->changed.checkpoint_bytes : job->plan.checkpoint_bytes;
+      for (size_t i = 0; i < job->reuse.size(); ++i) {
+        if (job->reuse[i]) stats_.bytes_reused += job->plan.specs[i].bytes;
+      }
+      if (options_.incremental && job->committed && (!base_ || base_->step <= step)) base_ = job->committed;
     } else {
       ++stats_.saves_failed;
       pending_errors_.push_back(s);
     }
+  }
+  if (s.ok() && job->committed) {
+    References refs;
+    AddReferences(job->committed->manifest, &refs);
+    refs_[step] = std::move(refs);
   }
   job->ended.Set();
   job->previous.reset();
@@ -405,6 +466,16 @@ void ManagerImpl::ReleaseStaging(SaveJob* job) {
 }
 
 Task<Status> ManagerImpl::WriteShards(SaveJob* job, storage::CheckpointWriter* writer) {
+  if (options_.incremental) {
+    // What to write is known once every tensor is hashed.
+    co_await ComputeCrcs(job);
+    CO_TRY(co_await PlanIncremental(job));
+    std::vector<Task<Status>> writes;
+    for (const storage::FileImage& image : job->images) writes.push_back(TimedWrite(writer, &image, job->plan.step));
+    std::vector<Status> done = co_await WhenAll(std::move(writes));
+    for (Status& r : done) CO_TRY(r);
+    co_return Status::Ok();
+  }
   std::vector<Task<Status>> writes;
   for (const storage::FileImage& image : job->images) writes.push_back(TimedWrite(writer, &image, job->plan.step));
   // Named before the co_await (g++ 12 and temporaries, see STYLE.md).
@@ -433,9 +504,14 @@ Task<Status> ManagerImpl::Persist(SaveJob* job) {
   ReleaseStaging(job);
   std::string manifest_json;
   if (s.ok()) {
-    format::Manifest m = MakeManifest(job->plan, job->tensor_crc, job->shard_crc, job->metadata);
+    format::Manifest m =
+        !options_.incremental ? MakeManifest(job->plan, job->tensor_crc, job->shard_crc, job->metadata)
+        : job->reusing ? MakeIncrementalManifest(job->plan, job->changed, job->changed_from, job->tensor_crc,
+                                                 job->tensor_hash, job->shard_crc, job->reuse, *job->base, job->metadata)
+                       : MakeManifest(job->plan, job->tensor_crc, job->shard_crc, job->metadata, &job->tensor_hash);
     s = format::ValidateManifest(StepName(step) + "/manifest.json", m);
     if (s.ok()) manifest_json = format::SerializeManifest(m);
+    if (s.ok()) job->committed = std::make_shared<IncrementalBase>(IncrementalBase{step, StepName(step), std::move(m)});
   }
   if (job->previous) {
     co_await job->previous->ended.Wait();  // commits happen in admission order
@@ -466,9 +542,20 @@ Task<Status> ManagerImpl::PruneNow() {
     // can pin a checkpoint that is being removed.
     for (int64_t step : doomed) committed_.erase(step);
   }
+  if (doomed.empty() && retired_.empty()) co_return Status::Ok();
+  // Files of a doomed step that a kept step refers to (incremental saves)
+  // stay; so every kept step's references must be known first.
+  Status known = co_await LoadReferences();
+  if (!known.ok()) {
+    std::lock_guard lock(mu_);
+    committed_.insert(doomed.begin(), doomed.end());  // pruned next time
+    co_return std::move(known).WithContext("cannot prune " + root_);
+  }
+  for (int64_t step : doomed) refs_.erase(step);
+  const References referenced = Referenced();
   Status first;
   for (int64_t step : doomed) {
-    Status s = co_await storage_->Prune(StepName(step));
+    Status s = co_await RemoveUnreferenced(StepName(step), /*prune=*/true, referenced);
     std::lock_guard lock(mu_);
     if (s.ok()) {
       ++stats_.checkpoints_pruned;
@@ -476,6 +563,8 @@ Task<Status> ManagerImpl::PruneNow() {
       first = std::move(s).WithContext("cannot prune step " + std::to_string(step) + " in " + root_);
     }
   }
+  Status collected = co_await CollectRetired(referenced);
+  if (first.ok() && !collected.ok()) first = std::move(collected).WithContext("cannot prune " + root_);
   co_return first;
 }
 
@@ -495,7 +584,13 @@ Status ManagerImpl::TakePendingErrors() {
   return Status(errors[0].code(), std::move(message));
 }
 
-Task<Status> ManagerImpl::DeleteTask(int64_t step) { co_return co_await storage_->Remove(StepName(step)); }
+Task<Status> ManagerImpl::DeleteTask(int64_t step) {
+  CO_TRY(co_await LoadReferences());
+  refs_.erase(step);
+  const References referenced = Referenced();
+  CO_TRY(co_await RemoveUnreferenced(StepName(step), /*prune=*/false, referenced));
+  co_return co_await CollectRetired(referenced);
+}
 
 Status ManagerImpl::Delete(int64_t step) {
   RETURN_IF_ERROR(CheckWritable("delete step " + std::to_string(step)));
@@ -510,6 +605,7 @@ Status ManagerImpl::Delete(int64_t step) {
     if (committed_.erase(step) == 0) {
       return NotFoundError("no committed checkpoint of step " + std::to_string(step) + " in " + root_);
     }
+    if (base_ && base_->step == step) base_.reset();
   }
   Status s = loop().BlockOn(DeleteTask(step));
   return s.ok() ? s : std::move(s).WithContext("cannot delete step " + std::to_string(step));

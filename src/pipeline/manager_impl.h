@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ckptio/checkpoint_manager.h"
+#include "pipeline/incremental.h"
 #include "pipeline/reader.h"
 #include "pipeline/save_plan.h"
 #include "pipeline/sigterm.h"
@@ -81,6 +82,16 @@ struct SaveJob {
   bool written_before_return = false;
   runtime::AsyncEvent ended;          // set when committed or failed
   Clock::time_point snapshot_end;
+  // ---- incremental saves (Options::incremental) ----
+  std::vector<Chunk> hash_chunks;          // fused CRC: the chunks hashed in the background
+  std::vector<format::Hash128> chunk_hash;  // of crc_chunks, or of hash_chunks
+  std::vector<format::Hash128> tensor_hash;
+  std::shared_ptr<const IncrementalBase> base;  // compared against; pinned while set
+  std::vector<std::optional<size_t>> reuse;     // by spec: the base tensor with the same bytes
+  SavePlan changed;                  // what is written, when some tensors are reused
+  std::vector<size_t> changed_from;  // changed spec -> plan spec
+  bool reusing = false;
+  std::shared_ptr<const IncrementalBase> committed;  // this save's manifest, once built
 };
 
 class ManagerImpl {
@@ -150,6 +161,22 @@ class ManagerImpl {
   Task<Status> Persist(SaveJob* job);
   Task<Status> WriteShards(SaveJob* job, storage::CheckpointWriter* writer);
   Task<void> ComputeCrcs(SaveJob* job);
+  // Each written shard's CRC32C from its tensors'; sets crc_ready.
+  void FinishCrcs(SaveJob* job);
+  // ---- incremental saves and references (manager_refs.cc) ----
+  // Picks and pins the base, matches the tensors against it, and re-plans
+  // the files to write when some are reused. Then FinishCrcs.
+  Task<Status> PlanIncremental(SaveJob* job);
+  // Reads the manifest of every committed step whose references are not
+  // known yet. A manifest that is gone or corrupt refers to nothing.
+  Task<Status> LoadReferences();
+  // The files of other checkpoints that committed steps refer to.
+  References Referenced() const;
+  // Removes checkpoint `name` (committed, pruned if `prune`, or debris), but
+  // keeps the files `referenced` names in it, and remembers it as retired.
+  Task<Status> RemoveUnreferenced(std::string name, bool prune, const References& referenced);
+  // Removes what retired checkpoints keep that nothing refers to any more.
+  Task<Status> CollectRetired(const References& referenced);
   Task<Status> TimedWrite(storage::CheckpointWriter* writer, const storage::FileImage* image, int64_t step);
   Task<void> SetLoopTracer();
   // On the SIGTERM watcher's thread: see CheckpointManager::SetFinalSave.
@@ -201,6 +228,12 @@ class ManagerImpl {
   bool preempting_ = false;           // SIGTERM: new saves are refused...
   std::thread::id final_save_thread_;  // ...except from the final-save callback
   std::shared_ptr<SaveJob> last_job_;
+  std::shared_ptr<const IncrementalBase> base_;  // the newest committed manifest (incremental)
+  // Loop thread only: the references of committed steps (step -> files of
+  // other checkpoints), and retired checkpoints (no manifest: pruned, but
+  // holding files that kept steps refer to) -> the files they keep.
+  std::map<int64_t, References> refs_;
+  std::map<std::string, std::set<std::string>> retired_;
   std::atomic<bool> warned_written_before_return_{false};
   ManagerStats stats_;
 };

@@ -78,7 +78,11 @@ void AddPieces(std::vector<Piece>* out, size_t shard, uint64_t offset, uint64_t 
 }
 
 std::string ShardPath(const OpenedCheckpoint& c, size_t shard) {
-  return c.path + "/" + c.manifest.shards[shard].name;
+  const format::ManifestShard& ms = c.manifest.shards[shard];
+  if (ms.checkpoint.empty()) return c.path + "/" + ms.name;
+  // A file of an earlier checkpoint (an incremental save): named by its own
+  // path, and by the step that relies on it.
+  return c.path.substr(0, c.path.size() - c.name.size()) + ms.Path() + " (used by " + c.name + ")";
 }
 
 Status CrcMismatch(const OpenedCheckpoint& c, const format::ManifestTensor& t, uint32_t got) {
@@ -104,10 +108,12 @@ std::vector<uint32_t> TensorCrcs(const OpenedCheckpoint& c, const std::vector<Pi
 Task<Status> OpenShard(storage::Storage* storage, OpenedCheckpoint* c, size_t i) {
   const format::ManifestShard& ms = c->manifest.shards[i];
   const std::string path = ShardPath(*c, i);
-  auto opened = co_await storage->OpenFile(c->name, ms.name);
+  auto opened = co_await storage->OpenFile(ms.checkpoint.empty() ? c->name : ms.checkpoint, ms.name);
   if (opened.status().code() == StatusCode::kNotFound) {
     // The manifest lists it: a missing shard is damage, not a bad request.
-    co_return CorruptionError(path + ": missing, but the manifest lists it (" + opened.status().message() + ")");
+    co_return CorruptionError(path + ": missing, but the manifest " +
+                              (ms.checkpoint.empty() ? std::string("lists it") : "of " + c->name + " refers to it") +
+                              " (" + opened.status().message() + ")");
   }
   CO_ASSIGN_OR_RETURN(c->shards[i], std::move(opened));
   storage::ReadableFile* f = c->shards[i].get();

@@ -115,7 +115,9 @@ std::vector<storage::FileImage> MakeImages(const SavePlan& plan, char* region) {
     storage::FileImage image;
     image.name = shard.name;
     image.size = shard.file_size;
-    char* base = region + plan.image_offset[s];
+    // No region: the prefix is the plan's own (an incremental save's plan of
+    // what it writes, whose tensors sit wherever the snapshot left them).
+    const char* base = region != nullptr ? region + plan.image_offset[s] : shard.prefix.data();
     if (!plan.borrow) {
       image.segments.push_back({0, base, shard.file_size, RoundUp(shard.file_size, StagingPool::kAlign)});
     } else {
@@ -130,21 +132,24 @@ std::vector<storage::FileImage> MakeImages(const SavePlan& plan, char* region) {
 }
 
 format::Manifest MakeManifest(const SavePlan& plan, const std::vector<uint32_t>& tensor_crc,
-                              const std::vector<uint32_t>& shard_crc, nlohmann::json metadata) {
+                              const std::vector<uint32_t>& shard_crc, nlohmann::json metadata,
+                              const std::vector<format::Hash128>* tensor_hash) {
   format::Manifest m;
   m.step = plan.step;
   m.created = format::FormatRfc3339Utc(std::chrono::system_clock::now());
   m.writer = std::string("ckptio ") + CKPTIO_VERSION;
   m.metadata = std::move(metadata);
   for (size_t s = 0; s < plan.shards.size(); ++s) {
-    m.shards.push_back({plan.shards[s].name, plan.shards[s].file_size, shard_crc[s]});
+    m.shards.push_back({plan.shards[s].name, plan.shards[s].file_size, shard_crc[s], {}});
     for (const format::PlannedTensor& t : plan.shards[s].tensors) {
       const format::TensorSpec& spec = plan.specs[t.index];
+      std::optional<format::Hash128> hash;
+      if (tensor_hash != nullptr) hash = (*tensor_hash)[t.index];
       m.tensors.push_back({spec.name, spec.dtype, spec.shape, static_cast<uint32_t>(s), t.offset, t.bytes,
-                           tensor_crc[t.index], plan.chunks[t.index]});
+                           tensor_crc[t.index], plan.chunks[t.index], hash});
     }
   }
-  m.format_version = format::FormatVersionFor(m.tensors);
+  m.format_version = format::FormatVersionFor(m);
   return m;
 }
 

@@ -60,10 +60,13 @@ std::vector<uint32_t> CombineChunkCrcs(const SavePlan& plan, const std::vector<C
 std::vector<uint32_t> ShardCrcs(const SavePlan& plan, const std::vector<uint32_t>& tensor_crc);
 
 // The file images the storage writes, pointing into `region` (and, in
-// borrow mode, into the caller's buffers).
+// borrow mode, into the caller's buffers). With a null region (borrow mode
+// only), prefixes point into plan.shards[i].prefix.
 std::vector<storage::FileImage> MakeImages(const SavePlan& plan, char* region);
 
+// `tensor_hash`, if given: each tensor's content hash, recorded in the manifest.
 format::Manifest MakeManifest(const SavePlan& plan, const std::vector<uint32_t>& tensor_crc,
-                              const std::vector<uint32_t>& shard_crc, nlohmann::json metadata);
+                              const std::vector<uint32_t>& shard_crc, nlohmann::json metadata,
+                              const std::vector<format::Hash128>* tensor_hash = nullptr);
 
 }  // namespace ckptio::pipeline

@@ -38,6 +38,7 @@ struct CrcWork {
   runtime::CpuPool* pool;
   const std::vector<Chunk>* chunks;
   std::vector<uint32_t>* out;
+  std::vector<format::Hash128>* hashes;
   size_t next = 0;
 };
 
@@ -45,15 +46,21 @@ Task<void> CrcLane(CrcWork* w) {
   while (w->next < w->chunks->size()) {
     size_t i = w->next++;
     const Chunk* c = &(*w->chunks)[i];
-    auto job = [c] { return format::Crc32c(c->dst != nullptr ? c->dst : c->src, c->len); };
-    (*w->out)[i] = co_await w->pool->Run(job);
+    uint32_t* crc = w->out != nullptr ? &(*w->out)[i] : nullptr;
+    format::Hash128* hash = w->hashes != nullptr ? &(*w->hashes)[i] : nullptr;
+    auto job = [c, crc, hash] {
+      const char* bytes = c->dst != nullptr ? c->dst : c->src;
+      if (crc != nullptr) *crc = format::Crc32c(bytes, c->len);
+      if (hash != nullptr) *hash = format::Xxh3(bytes, c->len);
+    };
+    co_await w->pool->Run(job);
   }
 }
 }  // namespace
 
 Task<void> ComputeChunkCrcs(runtime::CpuPool& pool, const std::vector<Chunk>* chunks, std::vector<uint32_t>* out,
-                            size_t lanes) {
-  CrcWork work{&pool, chunks, out, 0};
+                            size_t lanes, std::vector<format::Hash128>* hashes) {
+  CrcWork work{&pool, chunks, out, hashes, 0};
   std::vector<Task<void>> tasks;
   for (size_t i = 0; i < std::max<size_t>(lanes, 1); ++i) tasks.push_back(CrcLane(&work));
   co_await WhenAll(std::move(tasks));

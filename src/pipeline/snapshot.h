@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "format/content_hash.h"
 #include "runtime/task.h"
 #include "pipeline/save_plan.h"
 #include "runtime/cpu_pool.h"
@@ -20,8 +21,10 @@ void CopySnapshot(runtime::CpuPool& pool, const SavePlan& plan, char* region, co
 // Computes each chunk's CRC32C (over dst if set, else src) on the pool,
 // `lanes` chunks at a time, from a coroutine on the loop thread. Small jobs,
 // so a trainer's urgent snapshot work is never stuck behind them for long.
-// REQUIRES: chunks and out outlive the task; out->size() == chunks->size().
+// With `hashes` (incremental saves), also each chunk's XXH3-128, in the same
+// job. Either output may be null.
+// REQUIRES: chunks and outputs outlive the task; outputs sized as chunks.
 Task<void> ComputeChunkCrcs(runtime::CpuPool& pool, const std::vector<Chunk>* chunks, std::vector<uint32_t>* out,
-                            size_t lanes);
+                            size_t lanes, std::vector<format::Hash128>* hashes = nullptr);
 
 }  // namespace ckptio::pipeline

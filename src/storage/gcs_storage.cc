@@ -106,6 +106,7 @@ class GcsStorage final : public Storage {
   Task<Result<std::string>> ReadSmallFile(std::string checkpoint, std::string file, uint64_t max_bytes) override;
   Task<Result<std::unique_ptr<ReadableFile>>> OpenFile(std::string checkpoint, std::string file) override;
   Task<Status> Remove(std::string name) override;
+  Task<Status> RemoveExcept(std::string name, std::vector<std::string> keep) override;
   Status LockForWriting() override { return Status::Ok(); }
   uint64_t retries() const override {
     uint64_t n = 0;
@@ -217,6 +218,26 @@ Task<Status> GcsStorage::Remove(std::string name) {
   }
   std::vector<Status> results = co_await WhenAll(std::move(deletes));
   for (Status& s : results) CO_TRY(s);
+  co_return Status::Ok();
+}
+
+Task<Status> GcsStorage::RemoveExcept(std::string name, std::vector<std::string> keep) {
+  const std::string dir = Base() + name + "/";
+  const std::string manifest = dir + kManifest;
+  Status unpublished = co_await client_->Delete(bucket(), manifest);
+  if (!unpublished.ok() && unpublished.code() != StatusCode::kNotFound) co_return unpublished;
+  CO_ASSIGN_OR_RETURN(gcs::ListResult listed, co_await client_->List(bucket(), dir, ""));
+  std::vector<Task<Status>> deletes;
+  for (const gcs::ObjectMeta& o : listed.objects) {
+    const std::string file = o.name.substr(dir.size());
+    if (o.name != manifest && std::find(keep.begin(), keep.end(), file) == keep.end()) {
+      deletes.push_back(client_->Delete(bucket(), o.name));
+    }
+  }
+  std::vector<Status> results = co_await WhenAll(std::move(deletes));
+  for (Status& s : results) {
+    if (!s.ok() && s.code() != StatusCode::kNotFound) co_return s;
+  }
   co_return Status::Ok();
 }
 

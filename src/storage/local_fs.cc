@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <random>
@@ -144,6 +145,38 @@ Status RemoveTreeSync(int dirfd, const std::string& name, const std::string& roo
   } else if (observer != nullptr) {
     observer->Removed(name);
   }
+  return status;
+}
+
+Status RemoveExceptSync(int dirfd, const std::string& name, const std::vector<std::string>& keep,
+                        const std::string& root, FsObserver* observer) {
+  UniqueFd fd(::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) return errno == ENOENT ? Status::Ok() : ErrnoToStatus(errno, "open", root + "/" + name);
+  // The manifest first, durably: from here on the step is not committed.
+  if (::unlinkat(fd.get(), "manifest.json", 0) == 0) {
+    if (observer != nullptr) observer->Removed(name + "/manifest.json");
+    if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, "fsync", root + "/" + name);
+    if (observer != nullptr) observer->Synced(name);
+  } else if (errno != ENOENT) {
+    return ErrnoToStatus(errno, "unlink", root + "/" + name + "/manifest.json");
+  }
+  int listed = ::dup(fd.get());
+  DIR* dir = listed < 0 ? nullptr : ::fdopendir(listed);
+  if (dir == nullptr) {
+    if (listed >= 0) ::close(listed);
+    return ErrnoToStatus(errno, "list", root + "/" + name);
+  }
+  Status status;
+  while (dirent* e = ::readdir(dir)) {
+    std::string entry = e->d_name;
+    if (entry == "." || entry == ".." || std::find(keep.begin(), keep.end(), entry) != keep.end()) continue;
+    if (::unlinkat(fd.get(), entry.c_str(), 0) != 0) {
+      if (errno != ENOENT && status.ok()) status = ErrnoToStatus(errno, "unlink", root + "/" + name + "/" + entry);
+    } else if (observer != nullptr) {
+      observer->Removed(name + "/" + entry);
+    }
+  }
+  ::closedir(dir);
   return status;
 }
 

@@ -75,6 +75,11 @@ std::vector<BinFile> ListBinSync(int root_fd);
 // runs on a pool thread.
 Status RemoveTreeSync(int dirfd, const std::string& name, const std::string& root, FsObserver* observer,
                       std::vector<BinFile>* recycled = nullptr);
+// Storage::RemoveExcept on directory `name` under `dirfd`: unlinks
+// manifest.json and fsyncs the directory, then unlinks every other entry not
+// in `keep`. Plain syscalls: runs on a pool thread.
+Status RemoveExceptSync(int dirfd, const std::string& name, const std::vector<std::string>& keep,
+                        const std::string& root, FsObserver* observer);
 
 // Opens <root>/.ckptio.lock (never through a link, only a regular file) and
 // takes its exclusive flock, or says who holds it.
@@ -151,6 +156,7 @@ class LocalStorage final : public Storage {
   Task<Result<std::unique_ptr<ReadableFile>>> OpenFile(std::string checkpoint, std::string file) override;
   Task<Status> Remove(std::string name) override;
   Task<Status> Prune(std::string name) override;
+  Task<Status> RemoveExcept(std::string name, std::vector<std::string> keep) override;
   Status LockForWriting() override;
 
   Loop& loop() { return loop_; }

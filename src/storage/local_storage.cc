@@ -110,6 +110,13 @@ Task<Status> LocalStorage::RemoveTree(std::string name) {
   co_return co_await pool_.Run(work);
 }
 
+Task<Status> LocalStorage::RemoveExcept(std::string name, std::vector<std::string> keep) {
+  auto work = [fd = root_dir_.fd(), name, keep = std::move(keep), root = root_, observer = observer_] {
+    return RemoveExceptSync(fd, name, keep, root, observer);
+  };
+  co_return co_await pool_.Run(work);
+}
+
 Task<Result<std::vector<Entry>>> LocalStorage::List() {
   auto work = [fd = root_dir_.fd(), root = root_]() -> Result<std::vector<Entry>> {
     int dup = ::openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);

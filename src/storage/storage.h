@@ -117,6 +117,11 @@ class Storage {
   // a backend may keep its space for the checkpoints that follow (local
   // disk: its files are reused, see local_storage.h).
   virtual Task<Status> Prune(std::string name) { co_return co_await Remove(std::move(name)); }
+  // Retention of a checkpoint whose files later checkpoints still refer to
+  // (incremental saves): removes its manifest first (durably: from then on
+  // it is not committed), then every file but those named in `keep`, which
+  // stay where they are. Called again with fewer names as references go.
+  virtual Task<Status> RemoveExcept(std::string name, std::vector<std::string> keep) = 0;
   // Takes the exclusive writer lock of the root, if the backend has one.
   // Error if another process holds it.
   virtual Status LockForWriting() = 0;

@@ -154,11 +154,11 @@ TEST_CASE("a manifest over the size limit is refused before parsing") {
 
 TEST_CASE("an unsupported format version is refused before other fields") {
   json j = SampleJson();
-  j["format_version"] = 3;
+  j["format_version"] = 4;
   j["new_field"] = true;
-  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: unsupported format_version 3 (this reader knows 1 to 2)");
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: unsupported format_version 4 (this reader knows 1 to 3)");
   j["format_version"] = 0;
-  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: unsupported format_version 0 (this reader knows 1 to 2)");
+  CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: unsupported format_version 0 (this reader knows 1 to 3)");
   j["format_version"] = "1";
   CHECK(JsonErrorOf(j) == "ckpt/checkpoint_200/manifest.json: field \"format_version\" must be a 64-bit integer");
 }
@@ -472,7 +472,7 @@ TEST_CASE("the manifest json has array, global_shape and start on chunk tensors 
 }
 
 TEST_CASE("the format version is 1 without chunks and 2 with one") {
-  CHECK(FormatVersionFor({}) == 1);
+  CHECK(FormatVersionFor(std::vector<ManifestTensor>{}) == 1);
   CHECK(FormatVersionFor(SampleManifest().tensors) == 1);
   CHECK(FormatVersionFor(ChunkedManifest().tensors) == 2);
   std::vector<ManifestTensor> one = SampleManifest().tensors;
@@ -700,8 +700,8 @@ TEST_CASE("zero-size arrays and chunks are accepted") {
   CHECK(ChunkErrorOf({ChunkOfA({}, {}, {})}, Chunks::kComplete) == "OK");
   // Empty chunks at the far edge of "w" and inside another chunk's box.
   Manifest m = ChunkedManifest();
-  m.tensors.push_back({"w@64,0", DType::kF32, {0, 8}, 0, 6152, 0, 0, {"w", {64, 8}, {64, 0}}});
-  m.tensors.push_back({"w@8,2", DType::kF32, {4, 0}, 0, 4096, 0, 0, {"w", {64, 8}, {8, 2}}});
+  m.tensors.push_back({"w@64,0", DType::kF32, {0, 8}, 0, 6152, 0, 0, {"w", {64, 8}, {64, 0}}, {}});
+  m.tensors.push_back({"w@8,2", DType::kF32, {4, 0}, 0, 4096, 0, 0, {"w", {64, 8}, {8, 2}}, {}});
   CHECK(ValidateManifest(kFile, m).ok());
   CHECK(ErrorOf(SerializeManifest(m)) == "OK");
 }
@@ -721,7 +721,7 @@ PlannedCheckpoint MakePlanned() {
   p.shards = PlanShards(p.specs, 200, 4096).value();
   p.manifest.created = "2024-05-01T12:00:00Z";
   for (size_t s = 0; s < p.shards.size(); ++s) {
-    p.manifest.shards.push_back({p.shards[s].name, p.shards[s].file_size, 0});
+    p.manifest.shards.push_back({p.shards[s].name, p.shards[s].file_size, 0, {}});
     for (const PlannedTensor& t : p.shards[s].tensors) {
       const TensorSpec& spec = p.specs[t.index];
       p.manifest.tensors.push_back(
@@ -811,6 +811,107 @@ TEST_CASE("rfc 3339 utc times are recognised and others are not") {
     CAPTURE(bad);
     CHECK_FALSE(IsRfc3339Utc(bad));
   }
+}
+
+// ---- Incremental saves (format_version 3) ------------------------------------
+
+// Step 200 keeps its own shard 0 and uses shard 0 of checkpoint_100 for the
+// tensors that did not change since; every tensor has its content hash.
+Manifest IncrementalManifest() {
+  Manifest m = SampleManifest();
+  m.shards[1].checkpoint = "checkpoint_100";
+  m.shards[1].name = "shard-00000.safetensors";  // the same file name as this step's shard 0
+  for (size_t i = 0; i < m.tensors.size(); ++i) m.tensors[i].xxh3 = Hash128{0x0123456789abcdefull + i, 0xfedcba9876543210ull};
+  m.format_version = FormatVersionFor(m);
+  return m;
+}
+
+TEST_CASE("an incremental manifest round-trips: hashes, and shards of an earlier checkpoint by path") {
+  const Manifest m = IncrementalManifest();
+  CHECK(m.format_version == 3);
+  const std::string text = SerializeManifest(m);
+  CHECK(text.find(R"("name":"checkpoint_100/shard-00000.safetensors")") != std::string::npos);
+  CHECK(text.find(R"("shard":"checkpoint_100/shard-00000.safetensors")") != std::string::npos);
+  CHECK(text.find(R"("xxh3":"0123456789abcdeffedcba9876543210")") != std::string::npos);
+  auto back = ParseManifest(kFile, text);
+  REQUIRE_MESSAGE(back.ok(), back.status().ToString());
+  CHECK(back->format_version == 3);
+  REQUIRE(back->shards.size() == 2);
+  CHECK(back->shards[0].checkpoint.empty());
+  CHECK(back->shards[1].checkpoint == "checkpoint_100");
+  CHECK(back->shards[1].name == "shard-00000.safetensors");
+  CHECK(back->tensors[2].shard == 1);
+  REQUIRE(back->tensors[2].xxh3.has_value());
+  CHECK(*back->tensors[2].xxh3 == *m.tensors[2].xxh3);
+  CHECK(SerializeManifest(*back) == text);
+}
+
+TEST_CASE("hashes and shards of other checkpoints need format_version 3") {
+  Manifest m = IncrementalManifest();
+  m.format_version = 2;
+  CHECK(ValidateManifest(kFile, m).message() ==
+        "ckpt/checkpoint_200/manifest.json: content hashes and shards of other checkpoints need format_version 3, "
+        "the manifest says 2");
+  json j = json::parse(SerializeManifest(IncrementalManifest()));
+  j["format_version"] = 2;
+  CHECK(Contains(JsonErrorOf(j), "tensor \"params/w\": unknown field \"xxh3\""));
+  for (json& t : j["tensors"]) t.erase("xxh3");
+  // Version 2 knows no paths: the name is checked as a plain file name.
+  CHECK(Contains(JsonErrorOf(j), "checkpoint_100/shard-00000.safetensors"));
+  j["format_version"] = 4;
+  CHECK(Contains(JsonErrorOf(j), "unsupported format_version 4 (this reader knows 1 to 3)"));
+}
+
+TEST_CASE("a shard path outside the root, into an unfinished save, or nested is refused") {
+  for (const std::string bad : {"../shard-00000.safetensors", "../../etc/shard-00000.safetensors",
+                                "./shard-00000.safetensors", "checkpoint_100.tmp-1f2e/shard-00000.safetensors",
+                                "a/b/shard-00000.safetensors", "/shard-00000.safetensors",
+                                "checkpoint_100/..", "checkpoint_100/"}) {
+    json j = json::parse(SerializeManifest(IncrementalManifest()));
+    j["shards"][1]["name"] = bad;
+    for (json& t : j["tensors"]) {
+      if (t["shard"] == "checkpoint_100/shard-00000.safetensors") t["shard"] = bad;
+    }
+    const std::string error = JsonErrorOf(j);
+    CHECK_MESSAGE(error != "OK", bad);
+  }
+}
+
+TEST_CASE("a malformed content hash is refused naming the tensor") {
+  json j = json::parse(SerializeManifest(IncrementalManifest()));
+  j["tensors"][0]["xxh3"] = "0123";
+  CHECK(Contains(JsonErrorOf(j), "tensor \"params/w\": content hash \"0123\" is not 32 hex digits"));
+  j["tensors"][0]["xxh3"] = 5;
+  CHECK(Contains(JsonErrorOf(j), "tensor \"params/w\""));
+  j["tensors"][0]["xxh3"] = "0123456789abcdeffedcba987654321g";
+  CHECK(Contains(JsonErrorOf(j), "is not 32 hex digits"));
+}
+
+TEST_CASE("a shard of an earlier checkpoint may hold more tensors than the manifest places in it") {
+  const Manifest m = IncrementalManifest();
+  SafetensorsHeader header;
+  header.data_start = 4096;
+  header.tensors = {{"params/b", DType::kBF16, {32}, 0, 64}, {"changed_since", DType::kF32, {4}, 64, 80}};
+  CHECK(CheckShardMatchesManifest(m, 1, header, 4096 + 64).ok());
+  // This step's own shard may not.
+  Manifest own = SampleManifest();
+  CHECK(CheckShardMatchesManifest(own, 1, header, 4096 + 64).message() ==
+        "shard-00001.safetensors: tensor \"changed_since\" is in the shard header but not in the manifest");
+}
+
+TEST_CASE("the content hash: XXH3-128, pieces of 8 MiB combined, spelled in 32 hex digits") {
+  // XXH3-128 of nothing, as xxHash documents it.
+  CHECK(HashToHex(Xxh3(nullptr, 0)) == "99aa06d3014798d86001c324468d497f");
+  CHECK(HashFromHex("99AA06D3014798D86001C324468D497F").value() == Xxh3(nullptr, 0));
+  std::vector<char> bytes(kHashPiece * 2 + 5);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 131 + (i >> 13));
+  const Hash128 pieces[] = {Xxh3(bytes.data(), kHashPiece), Xxh3(bytes.data() + kHashPiece, kHashPiece),
+                            Xxh3(bytes.data() + 2 * kHashPiece, 5)};
+  CHECK(ContentHash(bytes.data(), bytes.size()) == CombinePieceHashes(pieces));
+  const Hash128 before = ContentHash(bytes.data(), bytes.size());
+  bytes[kHashPiece + 7] ^= 1;
+  CHECK_FALSE(ContentHash(bytes.data(), bytes.size()) == before);
+  CHECK(ContentHash(nullptr, 0) == CombinePieceHashes({}));
 }
 
 }  // namespace

@@ -43,7 +43,7 @@ bool IsShardNameChar(char c) {
 }
 
 void CheckManifest(const Manifest& m) {
-  FUZZ_CHECK(m.format_version >= format::kManifestFormatVersion && m.format_version <= format::kChunkedFormatVersion,
+  FUZZ_CHECK(m.format_version >= format::kManifestFormatVersion && m.format_version <= format::kLatestFormatVersion,
              "format_version");
   FUZZ_CHECK(m.step >= 0, std::to_string(m.step));
   FUZZ_CHECK(m.metadata.is_object(), "metadata");

@@ -151,18 +151,25 @@ class DiskModel final : public storage::FsObserver {
   std::vector<Op> log_;
 };
 
-// The content saved as (step, version): overwrites change a step's bytes.
-std::vector<testing::OwnedTensor> Content(int64_t step, int version, int tensors, uint64_t elems) {
-  return testing::MakeState(step * 1000 + version, static_cast<size_t>(tensors), elems);
-}
-
 struct Workload {
   int keep = 2;
   int tensors = 3;
   uint64_t elems = 20'000;  // 80 KB per tensor
   uint64_t shard_size = 64 << 10;
   std::vector<std::pair<int64_t, bool>> saves;  // (step, overwrite)
+  // Incremental saves: the first `frozen` tensors never change, so later
+  // steps refer to the shards of the first.
+  bool incremental = false;
+  int frozen = 0;
 };
+
+// The content saved as (step, version): overwrites change a step's bytes.
+std::vector<testing::OwnedTensor> Content(const Workload& w, int64_t step, int version) {
+  auto state = testing::MakeState(step * 1000 + version, static_cast<size_t>(w.tensors), w.elems);
+  auto frozen = testing::MakeState(-1, static_cast<size_t>(w.frozen), w.elems);
+  for (int i = 0; i < w.frozen; ++i) state[static_cast<size_t>(i)] = std::move(frozen[static_cast<size_t>(i)]);
+  return state;
+}
 
 struct Recording {
   std::unique_ptr<testing::TempDir> dir;
@@ -179,6 +186,7 @@ Options OptionsFor(const Workload& w, bool overwrite) {
   o.max_in_flight = 1;
   o.threads = 2;
   o.overwrite = overwrite;
+  o.incremental = w.incremental;
   return o;
 }
 
@@ -194,7 +202,7 @@ Recording Record(const Workload& w) {
     auto m = CheckpointManager::Open(rec.dir->path(), OptionsFor(w, overwrite));
     REQUIRE_MESSAGE(m.ok(), m.status().ToString());
     int version = versions.count(step) ? versions[step] + 1 : 0;
-    auto state = Content(step, version, w.tensors, w.elems);
+    auto state = Content(w, step, version);
     auto refs = testing::Refs(state);
     auto h = (*m)->Save(step, refs);
     REQUIRE_MESSAGE(h.ok(), h.status().ToString());
@@ -250,7 +258,7 @@ void CheckCutAt(const Workload& w, const Recording& rec, size_t k) {
     REQUIRE_MESSAGE(r.ok(), "step " << step << ": " << r.status().ToString());
     bool matches_a_version = false;
     for (int v = 0; v <= latest_version[step] + 1 && !matches_a_version; ++v) {
-      auto want = Content(step, v, w.tensors, w.elems);
+      auto want = Content(w, step, v);
       bool same = r->tensors.size() == want.size();
       for (size_t i = 0; same && i < want.size(); ++i) same = r->tensors[i].bytes == want[i].bytes;
       matches_a_version = same;
@@ -273,6 +281,27 @@ TEST_CASE("a power cut at every point of saves, an overwrite and prunes leaves a
   MESSAGE(n << " changes recorded; cutting power after each");
   REQUIRE(n > 40);
   for (size_t k = 0; k <= n; ++k) CheckCutAt(w, rec, k);
+}
+
+TEST_CASE("a power cut at every point of incremental saves and prunes loses no file a kept step refers to") {
+  Workload w;
+  w.incremental = true;
+  w.tensors = 4;
+  w.frozen = 2;  // two of four tensors, in shards of their own, never change
+  w.elems = 16'000;
+  w.shard_size = 64 << 10;
+  w.saves = {{1, false}, {2, false}, {3, false}, {4, false}, {5, false}};
+  Recording rec = Record(w);
+  const size_t n = rec.model->ops();
+  MESSAGE(n << " changes recorded; cutting power after each");
+  REQUIRE(n > 40);
+  for (size_t k = 0; k <= n; ++k) CheckCutAt(w, rec, k);
+  // What the sweep covered: step 1 retired (pruned, its frozen shards kept).
+  testing::TempDir disk;
+  rec.model->Materialize(n, disk.path());
+  CHECK(VisibleSteps(disk.path()) == std::set<int64_t>{4, 5});
+  CHECK(fs::exists(disk.path() + "/checkpoint_1/shard-00000.safetensors"));
+  CHECK_FALSE(fs::exists(disk.path() + "/checkpoint_1/manifest.json"));
 }
 
 TEST_CASE("a randomized sweep of 1,000 power cuts over random workloads") {

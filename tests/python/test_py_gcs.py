@@ -66,3 +66,35 @@ def test_a_failed_background_upload_raises_with_the_servers_message(gcs_root, gc
         gcs_proxy.set_rules([])
         assert mgr.all_steps() == [1]   # nothing half-committed
         assert same(mgr.restore()["w"], np.ones(1000))
+
+
+def test_incremental_saves_on_gcs_upload_what_changed_and_keep_what_is_referenced(gcs_root, gcs_client, gcs_bucket,
+                                                                                 small):
+    rng = np.random.default_rng(11)
+    frozen = {f"base{i}": rng.standard_normal((256, 256)).astype(np.float32) for i in range(3)}  # 256 KiB each
+    saved = {}
+    with ckptio.CheckpointManager(gcs_root, keep=2, incremental=True, shard_size="256KiB", **small) as mgr:
+        for step in range(1, 5):
+            tree = {"base": frozen, "lora": np.full((32, 32), step, np.float32)}
+            before = mgr.stats()
+            mgr.save(step, tree)
+            mgr.wait_until_finished()
+            saved[step] = tree
+            stats = mgr.stats()
+            uploaded = stats["bytes_committed"] - before["bytes_committed"]
+            if step > 1:  # the frozen 768 KiB are referenced, not uploaded again
+                assert stats["bytes_reused"] - before["bytes_reused"] == 3 * 256 * 256 * 4
+                assert uploaded < 16 * 1024
+        assert mgr.all_steps() == [3, 4]
+        for step in (3, 4):
+            back = mgr.restore(step)
+            assert same(back["lora"], saved[step]["lora"])
+            assert all(same(back["base"][k], frozen[k]) for k in frozen)
+    blobs = {b.name: b.size for b in gcs_client.list_blobs(gcs_bucket, prefix="run/")}
+    # Step 1 is pruned (no manifest) but keeps the frozen shards steps 3 and 4 use; step 2 is gone.
+    assert "run/checkpoint_1/manifest.json" not in blobs and not any("checkpoint_2/" in n for n in blobs)
+    kept = sorted(n for n in blobs if n.startswith("run/checkpoint_1/"))
+    manifest = json.loads(gcs_client.bucket(gcs_bucket).blob("run/checkpoint_4/manifest.json").download_as_bytes())
+    assert manifest["format_version"] == 3
+    referenced = sorted("run/" + s["name"] for s in manifest["shards"] if s["name"].startswith("checkpoint_1/"))
+    assert kept == referenced and len(kept) == 3
