@@ -144,7 +144,7 @@ $(VENV_BENCH)/.installed: bench/requirements.txt
 
 venv-bench: deps $(VENV_BENCH)/.installed
 
-# Every benchmark, sized to finish in about 16 minutes (sharded_bench.py: 5.5) on a 2-core VM; tables go to
+# Every benchmark, sized to finish in about 19 minutes (sharded_bench.py: 5.5, incremental_bench.py: 3) on a 2-core VM; tables go to
 # bench/results/*.md (seed_experiment also writes its traces and SVG timelines there).
 # tools_compare runs one repetition here; the committed bench/results/tools.md is its
 # three-repetition run (`--reps 3 --compute-kind idle,busy`, about 12 minutes on its own).
@@ -161,6 +161,7 @@ bench: build venv venv-bench
 	step $(PYTHON) bench/first_save_bench.py --python-path $(BUILD)/python > bench/results/first_save.md; \
 	step $(PYTHON) bench/export_bench.py --ckptio $(BUILD)/src/cli/ckptio --python-path $(BUILD)/python \
 	  > bench/results/export.md; \
+	step $(PYTHON) bench/incremental_bench.py --gcs --python-path $(BUILD)/python > bench/results/incremental.md; \
 	SEED=$(BUILD)/bench/seed/ckptio-seed step bench/seed_experiment --only local --saves 10 --out bench/results; \
 	SEED=$(BUILD)/bench/seed/ckptio-seed step bench/seed_experiment --only gcs --modes blocking,ckptio,ckptio-borrow --saves 6 \
 	  --out bench/results; \

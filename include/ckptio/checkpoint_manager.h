@@ -93,6 +93,7 @@ struct CheckpointInfo {
   int64_t step = 0;
   std::string created;  // RFC 3339, UTC
   uint64_t bytes = 0;   // all shards
+  uint64_t bytes_in_earlier = 0;  // of `bytes`: shards stored by earlier steps (incremental saves)
   size_t tensors = 0;
   size_t shards = 0;
   std::string metadata_json;

@@ -528,6 +528,7 @@ class PyManager {
     d["bytes"] = i.bytes;
     d["tensors"] = i.tensors;
     d["shards"] = i.shards;
+    d["bytes_in_earlier"] = i.bytes_in_earlier;
     d["metadata_json"] = i.metadata_json;
     return d;
   }

@@ -19,10 +19,12 @@ std::string Plural(size_t n, const char* word) {
 
 // `step_width`: digits of the largest step, so the columns line up.
 void PrintInfo(const CheckpointInfo& info, int step_width) {
-  std::printf("step %-*lld  %-20s  %10s  %10s  %12s\n", step_width, static_cast<long long>(info.step),
+  const std::string earlier =
+      info.bytes_in_earlier == 0 ? "" : "  (" + HumanBytes(info.bytes_in_earlier) + " stored by earlier steps)";
+  std::printf("step %-*lld  %-20s  %10s  %10s  %12s%s\n", step_width, static_cast<long long>(info.step),
               info.created.c_str(),
               HumanBytes(info.bytes).c_str(), Plural(info.shards, "shard").c_str(),
-              Plural(info.tensors, "tensor").c_str());
+              Plural(info.tensors, "tensor").c_str(), earlier.c_str());
 }
 
 // Verifies one step; prints its line or its error. `listed`: the step came

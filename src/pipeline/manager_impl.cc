@@ -497,6 +497,7 @@ Task<Status> ManagerImpl::TimedWrite(storage::CheckpointWriter* writer, const st
 Task<Status> ManagerImpl::Persist(SaveJob* job) {
   if (multihost()) co_return co_await PersistShared(job);
   const int64_t step = job->plan.step;
+  CO_TRY(co_await CheckNotReferenced(step));
   CO_ASSIGN_OR_RETURN(std::unique_ptr<storage::CheckpointWriter> writer,
                       co_await storage_->StartCheckpoint(StepName(step), options_.overwrite));
   Status s = co_await WriteShards(job, writer.get());

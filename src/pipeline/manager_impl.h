@@ -175,6 +175,10 @@ class ManagerImpl {
   // Removes checkpoint `name` (committed, pruned if `prune`, or debris), but
   // keeps the files `referenced` names in it, and remembers it as retired.
   Task<Status> RemoveUnreferenced(std::string name, bool prune, const References& referenced);
+  // FailedPrecondition if saving `step` would replace files that kept
+  // steps refer to (a retired checkpoint of that name, or with overwrite a
+  // committed one).
+  Task<Status> CheckNotReferenced(int64_t step);
   // Removes what retired checkpoints keep that nothing refers to any more.
   Task<Status> CollectRetired(const References& referenced);
   Task<Status> TimedWrite(storage::CheckpointWriter* writer, const storage::FileImage* image, int64_t step);

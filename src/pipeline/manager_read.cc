@@ -235,7 +235,10 @@ Result<CheckpointInfo> ManagerImpl::Info(int64_t step) {
   CheckpointInfo info;
   info.step = m.step;
   info.created = m.created;
-  for (const auto& s : m.shards) info.bytes += s.bytes;
+  for (const auto& s : m.shards) {
+    info.bytes += s.bytes;
+    if (!s.checkpoint.empty()) info.bytes_in_earlier += s.bytes;
+  }
   info.tensors = m.tensors.size();
   info.shards = m.shards.size();
   info.metadata_json = m.metadata.dump();

@@ -101,6 +101,28 @@ Task<Status> ManagerImpl::RemoveUnreferenced(std::string name, bool prune, const
   co_return co_await std::move(remove);
 }
 
+Task<Status> ManagerImpl::CheckNotReferenced(int64_t step) {
+  const std::string name = StepName(step);
+  bool committed = false;
+  {
+    std::lock_guard lock(mu_);
+    committed = committed_.count(step) != 0;
+  }
+  if (retired_.count(name) == 0 && !(options_.overwrite && committed)) co_return Status::Ok();
+  CO_TRY(co_await LoadReferences());
+  const References referenced = Referenced();
+  if (referenced.count(name) == 0) co_return Status::Ok();
+  std::string users;
+  for (const auto& [user, refs] : refs_) {
+    if (refs.count(name) != 0) users += (users.empty() ? "" : ", ") + std::to_string(user);
+  }
+  co_return FailedPreconditionError(name + (committed ? "'s" : " was pruned, but its") + " files are used by step" +
+                                    (users.find(',') != std::string::npos ? "s " : " ") + users +
+                                    " (incremental saves): saving step " + std::to_string(step) +
+                                    " again would replace them. Delete those steps first, or save under another "
+                                    "step or root");
+}
+
 Task<Status> ManagerImpl::CollectRetired(const References& referenced) {
   Status first;
   std::vector<std::string> names;

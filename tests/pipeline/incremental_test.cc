@@ -153,6 +153,26 @@ TEST_CASE("incremental saves write the changed tensors only, restore bit-exact, 
     CheckRestores(*m, 6, step6);
     CheckRestores(*m, 7, state);
   }
+  SUBCASE("saving a retired step again is refused, naming the steps that use its files") {
+    auto h = m->Save(1, state.Refs());
+    REQUIRE(h.ok());
+    const Status s = h->Wait();
+    CHECK(s.code() == StatusCode::kFailedPrecondition);
+    CHECK(s.message().find("checkpoint_1 was pruned, but its files are used by steps 4, 5 (incremental saves)") !=
+          std::string::npos);
+    CHECK(Files(dir / "checkpoint_1") == kFrozenShards);
+    m.reset();
+    // A manager with overwrite may not replace a step later steps use either.
+    Options o = testing::SmallOptions(32 << 20);
+    o.overwrite = true;
+    auto plain = OpenOrDie(dir.path(), o);
+    REQUIRE(plain->Delete(5).ok());  // step 4 still uses checkpoint_1
+    REQUIRE(plain->Save(5, state.Refs())->Wait().ok());  // whole, incremental off
+    const Status again = plain->Save(1, state.Refs())->Wait();
+    CHECK(again.code() == StatusCode::kFailedPrecondition);
+    CHECK(again.message().find("used by step 4 ") != std::string::npos);
+    CheckRestores(*plain, 4, saved.at(4));
+  }
   SUBCASE("deleting every step that refers to a retired checkpoint removes it") {
     REQUIRE(m->Delete(4).ok());
     CHECK(Files(dir / "checkpoint_1") == kFrozenShards);
@@ -179,6 +199,16 @@ TEST_CASE("a referenced shard that is missing or damaged fails verify and restor
     CHECK(v.status().message().find(dir / "checkpoint_10/shard-00002.safetensors (used by checkpoint_20): missing") !=
           std::string::npos);
     CHECK_FALSE(m->Restore(20).ok());
+  }
+  SUBCASE("overwriting the step that stores them is refused") {
+    m.reset();
+    Options o = testing::SmallOptions(32 << 20);
+    o.overwrite = true;
+    auto plain = OpenOrDie(dir.path(), o);
+    const Status s = plain->Save(10, state.Refs())->Wait();
+    CHECK(s.code() == StatusCode::kFailedPrecondition);
+    CHECK(s.message().find("checkpoint_10's files are used by step 20 (incremental saves)") != std::string::npos);
+    REQUIRE(plain->Verify(20).ok());
   }
   SUBCASE("one flipped byte") {
     const std::string path = dir / "checkpoint_10/shard-00002.safetensors";
