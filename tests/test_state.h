@@ -45,6 +45,16 @@ inline std::vector<OwnedTensor> MakeState(int64_t step, size_t count, uint64_t e
   return ts;
 }
 
+// The crash tests' state at `step` (tests/tools/crash_saver): six tensors of
+// 200,000 F32 elements, of which the first three never change, so that an
+// incremental save refers to the shards of an earlier step.
+inline std::vector<OwnedTensor> CrashState(int64_t step) {
+  std::vector<OwnedTensor> state = MakeState(step, 6, 200'000);
+  std::vector<OwnedTensor> frozen = MakeState(0, 3, 200'000);
+  for (size_t i = 0; i < frozen.size(); ++i) state[i] = std::move(frozen[i]);
+  return state;
+}
+
 inline std::vector<TensorRef> Refs(const std::vector<OwnedTensor>& ts) {
   std::vector<TensorRef> r;
   for (const auto& t : ts) r.push_back(t.ref());

@@ -125,6 +125,11 @@ struct ManagerStats {
   uint64_t bytes_reused = 0;      // tensor bytes incremental saves did not write again
   uint64_t checkpoints_pruned = 0;
   uint64_t storage_retries = 0;  // requests retried after a transient failure (GCS)
+  // Two tiers: steps copied to the remote tier, copies that failed, and
+  // steps never copied because newer ones were waiting (copies too slow).
+  uint64_t steps_replicated = 0;
+  uint64_t replications_failed = 0;
+  uint64_t replications_skipped = 0;
 };
 
 class CKPTIO_EXPORT CheckpointManager {
@@ -180,6 +185,11 @@ class CKPTIO_EXPORT CheckpointManager {
   // background failures not yet reported, if any: one Status naming every
   // failed step, with the first failure's code.
   Status WaitUntilFinished();
+  // With Tier::kRemote (two tiers, Options::tiers): also until every
+  // committed step bound for the remote tier is copied there, e.g. before a
+  // planned shutdown; its failures too. Tier::kLocal: WaitUntilFinished().
+  enum class Tier { kLocal, kRemote };
+  Status WaitUntilFinished(Tier tier);
   // Blocks until staging memory is resident, so the next save's snapshot
   // runs at memory speed (the first touch of fresh pages is far slower).
   void WaitUntilReady();
@@ -212,7 +222,9 @@ class CKPTIO_EXPORT CheckpointManager {
 
   // Committed steps, ascending: exact for a writer; for a read-only manager,
   // as of the last listing (Open or Refresh).
+  // Two tiers: the steps of both tiers (AllSteps(tier): of one of them).
   std::vector<int64_t> AllSteps() const;
+  std::vector<int64_t> AllSteps(Tier tier) const;
   std::optional<int64_t> LatestStep() const;
   // Lists the root again (a reader sees commits made since).
   Status Refresh();

@@ -164,6 +164,20 @@ struct Options {
     friend bool operator==(const MultiHost&, const MultiHost&) = default;
   } multihost;
 
+  // Two tiers: the root given to Open is the local tier (commits as fast as
+  // its disk); every committed step that is a multiple of remote_every is
+  // then copied in the background to `remote` (gs://bucket/prefix or a
+  // directory), which commits it with its own manifest-last protocol and
+  // keeps its own remote_keep / remote_keep_every. Reads take the newest
+  // step of either tier, local first (remote if the local copy is damaged).
+  struct Tiers {
+    std::string remote;  // empty: one tier
+    int64_t remote_every = 1;
+    int remote_keep = 3;  // 0 keeps all
+    int64_t remote_keep_every = 0;
+    friend bool operator==(const Tiers&, const Tiers&) = default;
+  } tiers;
+
   friend bool operator==(const Options&, const Options&) = default;
 };
 

@@ -124,11 +124,19 @@ class CheckpointManager:
             self._handles = [h for h in self._handles if not h.done()] + [handle]
         return handle
 
-    def wait_until_finished(self):
+    def wait_until_finished(self, tier="local"):
         """Blocks until every save has committed (and pruning is done); raises
         the first background failure not yet reported. Ctrl-C interrupts the
-        wait (KeyboardInterrupt); the saves carry on in the background."""
-        self._m.wait_until_finished()
+        wait (KeyboardInterrupt); the saves carry on in the background.
+        With two tiers (config "tiers"), tier="remote" also waits until the
+        committed steps are copied to the remote tier (before a planned
+        shutdown, say); its failures are raised too."""
+        if tier == "local":
+            self._m.wait_until_finished()
+        elif tier == "remote":
+            self._m.wait_until_replicated()
+        else:
+            raise ValueError(f"tier must be 'local' or 'remote', got {tier!r}")
 
     def saves_in_flight(self):
         """Steps of the saves made through this object that have not ended."""

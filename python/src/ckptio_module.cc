@@ -558,7 +558,23 @@ class PyManager {
     d["bytes_reused"] = s.bytes_reused;
     d["checkpoints_pruned"] = s.checkpoints_pruned;
     d["storage_retries"] = s.storage_retries;
+    d["steps_replicated"] = s.steps_replicated;
+    d["replications_failed"] = s.replications_failed;
+    d["replications_skipped"] = s.replications_skipped;
     return d;
+  }
+
+  // Two tiers: blocks until the saves and their copies to the remote tier
+  // are done; raises their failures.
+  void WaitUntilReplicated() {
+    WaitUntilFinished();
+    std::shared_ptr<CheckpointManager> m = Get();
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = m->WaitUntilFinished(CheckpointManager::Tier::kRemote);
+    }
+    Check(s);
   }
 
   std::string OptionsJson() { return config::ToJson(Get()->options()); }
@@ -752,6 +768,7 @@ PYBIND11_MODULE(_ckptio, m) {
       .def("tensors", &PyManager::Tensors, py::arg("step"))
       .def("restore_slices", &PyManager::RestoreSlices, py::arg("step"), py::arg("slices"))
       .def("wait_until_finished", &PyManager::WaitUntilFinished)
+      .def("wait_until_replicated", &PyManager::WaitUntilReplicated)
       .def("close", &PyManager::Close)
       .def("abandon", &PyManager::Abandon)
       .def("restore", &PyManager::Restore, py::arg("step"), py::arg("numpy_dtypes"))

@@ -3,10 +3,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
+#include <string_view>
 #include <vector>
 
 #include "cli/commands.h"
 #include "cli/common.h"
+
 #include "cli/inspect.h"
 #include "cli/progress.h"
 
@@ -18,13 +21,27 @@ std::string Plural(size_t n, const char* word) {
 }
 
 // `step_width`: digits of the largest step, so the columns line up.
-void PrintInfo(const CheckpointInfo& info, int step_width) {
+// `where`: the tiers holding the step (two tiers), else empty.
+void PrintInfo(const CheckpointInfo& info, int step_width, const std::string& where) {
+  // A sharded array is one tensor to its user, however many chunks it was saved in.
+  std::set<std::string_view> arrays;
+  size_t whole = 0, chunks = 0;
+  for (const TensorInfo& t : info.tensor_list) {
+    if (t.chunk.empty()) {
+      ++whole;
+    } else {
+      ++chunks;
+      arrays.insert(t.chunk.array);
+    }
+  }
+  const size_t tensors = info.tensor_list.empty() ? info.tensors : whole + arrays.size();
+  const std::string chunked = chunks == 0 ? "" : " (" + Plural(arrays.size(), "array") + " in " + Plural(chunks, "chunk") + ")";
   const std::string earlier =
       info.bytes_in_earlier == 0 ? "" : "  (" + HumanBytes(info.bytes_in_earlier) + " stored by earlier steps)";
-  std::printf("step %-*lld  %-20s  %10s  %10s  %12s%s\n", step_width, static_cast<long long>(info.step),
+  std::printf("step %-*lld  %-20s  %10s  %10s  %12s%s%s\n", step_width, static_cast<long long>(info.step),
               info.created.c_str(),
               HumanBytes(info.bytes).c_str(), Plural(info.shards, "shard").c_str(),
-              Plural(info.tensors, "tensor").c_str(), earlier.c_str());
+              (Plural(tensors, "tensor") + chunked).c_str(), earlier.c_str(), where.c_str());
 }
 
 // Verifies one step; prints its line or its error. `listed`: the step came
@@ -52,12 +69,22 @@ int VerifyOne(CheckpointManager& manager, int64_t step, bool listed) {
 int ListSteps(CheckpointManager& manager) {
   int rc = kExitOk;
   const std::vector<int64_t> steps = manager.AllSteps();
+  // Two tiers: where each step is.
+  const bool tiers = !manager.options().tiers.remote.empty();
+  const std::vector<int64_t> local = manager.AllSteps(CheckpointManager::Tier::kLocal);
+  const std::vector<int64_t> remote = manager.AllSteps(CheckpointManager::Tier::kRemote);
   if (steps.empty()) std::fprintf(stderr, "ckptio: no committed checkpoints in %s\n", manager.root().c_str());
   const int width = steps.empty() ? 1 : static_cast<int>(std::to_string(steps.back()).size());
   for (int64_t step : steps) {
     auto info = manager.Info(step);
     if (info.ok()) {
-      PrintInfo(*info, width);
+      std::string where;
+      if (tiers) {
+        const bool here = std::binary_search(local.begin(), local.end(), step);
+        const bool there = std::binary_search(remote.begin(), remote.end(), step);
+        where = here && there ? "  [local, remote]" : here ? "  [local]" : "  [remote]";
+      }
+      PrintInfo(*info, width, where);
     } else if (info.status().code() == StatusCode::kNotFound) {
       // Pruned by a writer since the listing: not an error of this root.
       std::fflush(stdout);

@@ -297,6 +297,17 @@ const std::vector<Knob>& Table() {
              CheckBarrierKind),
       Duration(CKPTIO_KNOB(multihost.timeout), "A barrier that does not complete in this time fails the save.",
                milliseconds(1)),
+
+      Group("tiers", "Two tiers: the root is the local tier; committed steps are copied to a remote one."),
+      String(CKPTIO_KNOB(tiers.remote),
+             "gs://bucket/prefix or a directory: every remote_every-th committed step is copied there in the "
+             "background; reads take the newest step of either tier. Empty = one tier.",
+             CheckNoControlChars),
+      Int64(CKPTIO_KNOB(tiers.remote_every), "Copy every N-th committed step (by step number) to the remote tier.",
+            1, kInt64Max),
+      Int(CKPTIO_KNOB(tiers.remote_keep), "Checkpoints the remote tier keeps; 0 keeps all.", 0, kIntMax),
+      Int64(CKPTIO_KNOB(tiers.remote_keep_every), "Every K-th step is kept forever in the remote tier; 0 = off.", 0,
+            kInt64Max),
   };
   return table;
 }

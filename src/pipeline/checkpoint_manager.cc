@@ -90,7 +90,9 @@ Result<SaveHandle> CheckpointManager::Save(int64_t step, std::span<const TensorR
 
 Result<int64_t> CheckpointManager::ReadInOrder(std::optional<int64_t> step, const OrderedReader& reader,
                                                uint64_t window) {
-  return impl_->ReadInOrder(step, reader, window);
+  return impl_->ReadFromTiers(step, [&](pipeline::ManagerImpl& m, std::optional<int64_t> s) {
+    return m.ReadInOrder(s, reader, window);
+  });
 }
 
 Result<SaveHandle> CheckpointManager::Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
@@ -99,22 +101,47 @@ Result<SaveHandle> CheckpointManager::Save(int64_t step, std::span<const TensorR
   return impl_->Save(step, tensors, std::move(metadata_json), std::move(keep_alive), snapshot);
 }
 Status CheckpointManager::WaitUntilFinished() { return impl_->WaitUntilFinished(); }
+Status CheckpointManager::WaitUntilFinished(Tier tier) {
+  Status local = impl_->WaitUntilFinished();
+  if (tier == Tier::kLocal) return local;
+  Status remote = impl_->WaitUntilReplicated();
+  return !local.ok() ? local : remote;
+}
 void CheckpointManager::WaitUntilReady() { impl_->WaitUntilReady(); }
 Status CheckpointManager::Refresh() { return impl_->RefreshNow(); }
+// Reads go to the tier that holds the step (two tiers: ManagerImpl::ReadFromTiers).
 Result<RestoredCheckpoint> CheckpointManager::Restore(std::optional<int64_t> step, ProgressFn progress) {
-  return impl_->Restore(step, std::move(progress));
+  return impl_->ReadFromTiers(step, [&](pipeline::ManagerImpl& m, std::optional<int64_t> s) {
+    return m.Restore(s, progress);
+  });
 }
 Result<int64_t> CheckpointManager::RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors) {
-  return impl_->RestoreInto(step, tensors);
+  return impl_->ReadFromTiers(step, [&](pipeline::ManagerImpl& m, std::optional<int64_t> s) {
+    return m.RestoreInto(s, tensors);
+  });
 }
 Result<int64_t> CheckpointManager::RestoreSlices(std::optional<int64_t> step, std::span<const TensorSlice> slices) {
-  return impl_->RestoreSlices(step, slices);
+  return impl_->ReadFromTiers(step, [&](pipeline::ManagerImpl& m, std::optional<int64_t> s) {
+    return m.RestoreSlices(s, slices);
+  });
 }
-std::vector<int64_t> CheckpointManager::AllSteps() const { return impl_->AllSteps(); }
-std::optional<int64_t> CheckpointManager::LatestStep() const { return impl_->LatestStep(); }
-Result<CheckpointInfo> CheckpointManager::Info(int64_t step) { return impl_->Info(step); }
+std::vector<int64_t> CheckpointManager::AllSteps() const { return impl_->AllStepsAllTiers(); }
+std::vector<int64_t> CheckpointManager::AllSteps(Tier tier) const {
+  if (tier == Tier::kLocal) return impl_->AllSteps();
+  return impl_->remote() != nullptr ? impl_->remote()->AllSteps() : std::vector<int64_t>{};
+}
+std::optional<int64_t> CheckpointManager::LatestStep() const {
+  std::vector<int64_t> all = impl_->AllStepsAllTiers();
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+Result<CheckpointInfo> CheckpointManager::Info(int64_t step) {
+  return impl_->ReadFromTiers(step, [&](pipeline::ManagerImpl& m, std::optional<int64_t> s) { return m.Info(*s); });
+}
 Result<VerifyReport> CheckpointManager::Verify(std::optional<int64_t> step, ProgressFn progress) {
-  return impl_->Verify(step, std::move(progress));
+  return impl_->ReadFromTiers(step, [&](pipeline::ManagerImpl& m, std::optional<int64_t> s) {
+    return m.Verify(s, progress);
+  });
 }
 Status CheckpointManager::Delete(int64_t step) { return impl_->Delete(step); }
 Status CheckpointManager::Prune() { return impl_->Prune(); }

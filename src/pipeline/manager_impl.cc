@@ -98,6 +98,7 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
   RETURN_IF_ERROR(m->loop().BlockOn(m->OpenStorage(/*create=*/!read_only)));
   if (read_only) {
     RETURN_IF_ERROR(m->loop().BlockOn(m->Refresh(/*remove_debris=*/false)));
+    RETURN_IF_ERROR(m->OpenRemoteTier(/*read_only=*/true));
     return m;
   }
   RETURN_IF_ERROR(m->SetUpMultihost(std::move(barrier)));
@@ -129,6 +130,7 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
   const uint64_t explicit_bytes = m->options_.staging_memory;
   const uint64_t limit = explicit_bytes != 0 ? explicit_bytes : HalfOfMemory();
   ASSIGN_OR_RETURN(m->staging_, StagingPool::Create(limit, explicit_bytes, std::move(on_grown)));
+  RETURN_IF_ERROR(m->OpenRemoteTier(/*read_only=*/false));
   if (m->options_.preemption.on_sigterm) {
     ManagerImpl* self = m.get();
     ASSIGN_OR_RETURN(m->sigterm_, SigtermWatcher::Install([self] { self->HandleSigterm(); }));
@@ -152,6 +154,8 @@ ManagerImpl::~ManagerImpl() {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [this] { return in_flight_ == 0; });
   }
+  StopReplicator();  // after the saves: they queue copies
+  remote_.reset();
   if (staging_) staging_->StopPrefault();  // no more posts to the loop from it
   if (loop_thread_) loop().BlockOn(CloseStorage());
   loop_thread_.reset();
@@ -440,6 +444,7 @@ Task<void> ManagerImpl::RunSave(std::shared_ptr<SaveJob> job) {
   }
   const bool committed = s.ok();
   job->state->Finish(std::move(s));  // the caller waits for the commit, not for pruning
+  if (committed && remote_ && step % options_.tiers.remote_every == 0) EnqueueReplication(step);
   if (committed && leader()) {
     Status p = co_await PruneNow();
     if (!p.ok()) {

@@ -9,9 +9,12 @@
 // Shared state is guarded by mu_, which is never held across a co_await or a
 // BlockOn (the loop thread takes it too).
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -19,6 +22,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ckptio/checkpoint_manager.h"
@@ -122,6 +126,19 @@ class ManagerImpl {
   bool preempted() const;
   const std::string& root() const { return root_; }
   ManagerStats stats() const;
+
+  // ---- two tiers (tiers.cc) ----
+  // Waits until every step queued for the remote tier is copied there (or
+  // failed); returns the failures not reported yet. OK without a remote tier.
+  Status WaitUntilReplicated();
+  // The committed steps of both tiers, ascending.
+  std::vector<int64_t> AllStepsAllTiers() const;
+  ManagerImpl* remote() const { return remote_.get(); }
+  // Reads with `read(manager, step)` from the tier that holds `step`
+  // (nullopt: the newest step of either tier): this one first, the remote
+  // one if this one lacks the step or its copy is damaged (said on stderr).
+  template <typename F>
+  auto ReadFromTiers(std::optional<int64_t> step, F&& read) -> decltype(read(*this, step));
 
  private:
   ManagerImpl(storage::RootUrl url, Options options) : options_(std::move(options)), url_(std::move(url)), root_(url_.path) {}
@@ -238,8 +255,59 @@ class ManagerImpl {
   // holding files that kept steps refer to) -> the files they keep.
   std::map<int64_t, References> refs_;
   std::map<std::string, std::set<std::string>> retired_;
+
+  // ---- two tiers (tiers.cc) ----
+  // Opens the remote tier (read-only: to read it; else also to copy to it,
+  // starting with the local steps it lacks).
+  Status OpenRemoteTier(bool read_only);
+  // After a local commit: queues `step` for the remote tier (pinned here
+  // until copied). Drops the oldest queued step if the queue outgrows what
+  // the remote tier keeps (counted in stats). REQUIRES: mu_ not held.
+  void EnqueueReplication(int64_t step);
+  void ReplicatorMain();
+  void StopReplicator();
+  // On the remote tier's manager: copies committed step `step` of the local
+  // directory root `source` (its files mmapped, sent as they are; a file of
+  // an earlier step the remote tier lacks is sent as one of this step's),
+  // commits it manifest last, and applies the remote retention.
+  Task<Status> ReplicateTask(std::string source, int64_t step);
+  Status Replicate(const std::string& source, int64_t step);
+  std::unique_ptr<ManagerImpl> remote_;  // the remote tier, or null
+  std::thread replicator_;
+  std::condition_variable replication_cv_;    // the queue or replicating_ changed
+  std::deque<int64_t> replication_queue_;     // guarded by mu_
+  std::optional<int64_t> replicating_;        // guarded by mu_
+  bool stop_replicating_ = false;             // guarded by mu_
+  std::vector<Status> replication_errors_;    // guarded by mu_
   std::atomic<bool> warned_written_before_return_{false};
   ManagerStats stats_;
 };
+
+template <typename F>
+auto ManagerImpl::ReadFromTiers(std::optional<int64_t> step, F&& read) -> decltype(read(*this, step)) {
+  if (!remote_) return read(*this, step);
+  const std::optional<int64_t> here = LatestStep(), there = remote_->LatestStep();
+  if (!step) {
+    if (!here && !there) return read(*this, step);  // the "no checkpoint" error
+    step = std::max(here.value_or(-1), there.value_or(-1));
+  }
+  const std::vector<int64_t> local = AllSteps(), remote = remote_->AllSteps();
+  const bool in_local = std::binary_search(local.begin(), local.end(), *step);
+  const bool in_remote = std::binary_search(remote.begin(), remote.end(), *step);
+  if (!in_local && in_remote) return read(*remote_, step);
+  auto result = read(*this, step);
+  Status status;
+  if constexpr (std::is_same_v<decltype(result), Status>) {
+    status = result;
+  } else {
+    status = result.status();
+  }
+  if (!status.ok() && status.code() == StatusCode::kCorruption && in_remote) {
+    std::fprintf(stderr, "ckptio: warning: step %lld in %s is damaged (%s); reading the copy in %s\n",
+                 static_cast<long long>(*step), root_.c_str(), status.message().c_str(), remote_->root().c_str());
+    return read(*remote_, step);
+  }
+  return result;
+}
 
 }  // namespace ckptio::pipeline

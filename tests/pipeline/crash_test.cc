@@ -24,16 +24,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
-pid_t StartSaver(const std::string& exe, const std::string& root) {
+pid_t StartSaver(const std::string& exe, const std::string& root, const char* mode) {
   pid_t pid = fork();
   if (pid == 0) {
-    execl(exe.c_str(), exe.c_str(), root.c_str(), static_cast<char*>(nullptr));
+    execl(exe.c_str(), exe.c_str(), root.c_str(), mode, static_cast<char*>(nullptr));
     _exit(127);
   }
   return pid;
 }
 
 // CKPTIO_KILLS sets the number of kills (make test: 50; tests/soak/sigkill_soak.sh: 1,000).
+// The saver's rounds cycle through three modes: whole saves; incremental
+// saves, which refer to the shards of earlier steps (the rounds after, and
+// recovery, prune with those references on disk); and two tiers, which copy
+// each committed step to ROOT-remote (killed mid-copy too): the remote
+// tier's committed steps must restore bit-exact and never go missing either.
 TEST_CASE("a saver SIGKILLed at random moments always leaves the previous or the new checkpoint") {
   const char* exe = std::getenv("CKPTIO_CRASH_SAVER");
   REQUIRE_MESSAGE(exe != nullptr, "CKPTIO_CRASH_SAVER must name the crash_saver binary");
@@ -45,9 +50,34 @@ TEST_CASE("a saver SIGKILLed at random moments always leaves the previous or the
   MESSAGE("kill-time seed " << seed);
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> delay_ms(20, 600);
-  int64_t last_latest = 0;
+  int64_t last_latest = 0, last_remote = 0;
+  const std::string remote_root = dir.path() + "-remote";  // the "tiers" rounds' remote tier
+  struct RemoveRemote {
+    std::string path;
+    ~RemoveRemote() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } remove_remote{remote_root};
+  // Restores the newest step of `root` bit-exact and verifies every step:
+  // the number of torn checkpoints found.
+  auto check_root = [](CheckpointManager& m, int64_t latest) {
+    int bad = 0;
+    auto r = m.Restore(latest);
+    REQUIRE_MESSAGE(r.ok(), m.root() << ": " << r.status().ToString());
+    auto want = testing::CrashState(latest);
+    REQUIRE(r->tensors.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) bad += r->tensors[i].bytes != want[i].bytes;
+    for (int64_t step : m.AllSteps()) {
+      auto v = m.Verify(step);
+      bad += !v.ok();
+      CHECK_MESSAGE(v.ok(), v.status().ToString());
+    }
+    return bad;
+  };
   for (int round = 0; round < kills; ++round) {
-    pid_t pid = StartSaver(exe, dir.path());
+    static const char* const kModes[] = {"whole", "incremental", "tiers"};
+    pid_t pid = StartSaver(exe, dir.path(), kModes[round % 3]);
     REQUIRE(pid > 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
     REQUIRE(kill(pid, SIGKILL) == 0);
@@ -64,23 +94,24 @@ TEST_CASE("a saver SIGKILLed at random moments always leaves the previous or the
       CHECK_MESSAGE(e.path().filename().string().find(".tmp-") == std::string::npos,
                     "debris left after recovery: " << e.path());
     }
+    if (fs::exists(remote_root)) {  // the remote tier recovers on its own too
+      auto remote = CheckpointManager::Open(remote_root, o);
+      REQUIRE_MESSAGE(remote.ok(), remote.status().ToString());
+      for (const auto& e : fs::directory_iterator(remote_root)) {
+        CHECK_MESSAGE(e.path().filename().string().find(".tmp-") == std::string::npos, "remote debris " << e.path());
+      }
+      if (std::optional<int64_t> newest = (*remote)->LatestStep()) {
+        lost += *newest < last_remote;
+        last_remote = std::max(last_remote, *newest);
+        torn += check_root(**remote, *newest);
+      }
+    }
     std::optional<int64_t> latest = (*m)->LatestStep();
     if (!latest) continue;  // killed before the first commit
     lost += *latest < last_latest;  // a committed checkpoint went missing
     last_latest = std::max(last_latest, *latest);
-    auto r = (*m)->Restore();
-    REQUIRE_MESSAGE(r.ok(), "round " << round << ": " << r.status().ToString());
-    auto want = testing::MakeState(*latest, 6, 200'000);
-    REQUIRE(r->tensors.size() == want.size());
-    bool equal = true;
-    for (size_t i = 0; i < want.size(); ++i) equal = equal && r->tensors[i].bytes == want[i].bytes;
-    torn += !equal;
+    torn += check_root(**m, *latest);
     ++restored;
-    for (int64_t step : (*m)->AllSteps()) {
-      auto v = (*m)->Verify(step);
-      torn += !v.ok();
-      CHECK_MESSAGE(v.ok(), v.status().ToString());
-    }
   }
   MESSAGE("SIGKILL soak: " << kills << " kills, " << restored << " restores checked, torn " << torn << ", lost "
                            << lost);
@@ -88,6 +119,7 @@ TEST_CASE("a saver SIGKILLed at random moments always leaves the previous or the
   CHECK(torn == 0);
   CHECK(lost == 0);
   CHECK(last_latest > 0);
+  MESSAGE("remote tier: newest step " << last_remote);
 }
 
 }  // namespace

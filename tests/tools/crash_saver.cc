@@ -1,16 +1,19 @@
-// crash_saver ROOT [SHARD_BYTES]: saves the deterministic test state
-// (tests/test_state.h) at steps 1, 2, 3, ... forever, keep=3, two saves in
-// flight, until killed. The crash tests SIGKILL it at random moments.
+// crash_saver ROOT [whole|incremental|tiers]: saves the deterministic test
+// state (tests/test_state.h: CrashState) at steps 1, 2, 3, ... forever,
+// keep=3, two saves in flight, until killed. "incremental": incremental
+// saves; "tiers": two tiers, every step copied to ROOT-remote (keep 3).
+// The crash tests SIGKILL it at random moments.
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "ckptio/checkpoint_manager.h"
 #include "test_state.h"
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: crash_saver ROOT\n");
+    std::fprintf(stderr, "usage: crash_saver ROOT [whole|incremental|tiers]\n");
     return 1;
   }
   ckptio::Options o;
@@ -19,6 +22,9 @@ int main(int argc, char** argv) {
   o.keep = 3;
   o.max_in_flight = 2;
   o.threads = 2;
+  const std::string mode = argc > 2 ? argv[2] : "whole";
+  o.incremental = mode == "incremental";
+  if (mode == "tiers") o.tiers.remote = std::string(argv[1]) + "-remote";
   auto m = ckptio::CheckpointManager::Open(argv[1], o);
   if (!m.ok()) {
     std::fprintf(stderr, "%s\n", m.status().ToString().c_str());
@@ -27,7 +33,7 @@ int main(int argc, char** argv) {
   int64_t step = (*m)->LatestStep().value_or(0);
   for (;;) {
     ++step;
-    auto state = ckptio::testing::MakeState(step, 6, 200'000);
+    auto state = ckptio::testing::CrashState(step);
     auto refs = ckptio::testing::Refs(state);
     auto h = (*m)->Save(step, refs);
     if (!h.ok()) {
