@@ -144,13 +144,17 @@ $(VENV_BENCH)/.installed: bench/requirements.txt
 
 venv-bench: deps $(VENV_BENCH)/.installed
 
-# Every benchmark, sized to finish in about 19 minutes (sharded_bench.py: 5.5, incremental_bench.py: 3) on a 2-core VM; tables go to
+# Every benchmark, sized to finish in about 21 minutes (sharded_bench.py: 5.5, incremental_bench.py: 3, tiers_bench.py: 2) on a 2-core VM; tables go to
 # bench/results/*.md (seed_experiment also writes its traces and SVG timelines there).
 # tools_compare runs one repetition here; the committed bench/results/tools.md is its
 # three-repetition run (`--reps 3 --compute-kind idle,busy`, about 12 minutes on its own).
 # The naive thread-per-save mode runs on the local disk only: against the emulator it took
 # over 6 minutes alone.
+# The benchmark programs are not built by default (make test does not need them).
+BENCH_PROGRAMS := bench/runtime_bench bench/checkpoint_bench bench/micro bench/http_sink bench/upload_bench \
+  bench/multihost_bench
 bench: build venv venv-bench
+	ninja -C $(BUILD) $(BENCH_PROGRAMS)
 	@mkdir -p bench/results; start=$$SECONDS; rc=0; \
 	step() { local t=$$SECONDS; "$$@" || { rc=1; echo "make bench: FAILED: $$*" >&2; }; \
 	  echo "make bench: $$1 took $$((SECONDS - t)) s" >&2; }; \
@@ -162,6 +166,7 @@ bench: build venv venv-bench
 	step $(PYTHON) bench/export_bench.py --ckptio $(BUILD)/src/cli/ckptio --python-path $(BUILD)/python \
 	  > bench/results/export.md; \
 	step $(PYTHON) bench/incremental_bench.py --gcs --python-path $(BUILD)/python > bench/results/incremental.md; \
+	step $(PYTHON) bench/tiers_bench.py --python-path $(BUILD)/python > bench/results/tiers.md; \
 	SEED=$(BUILD)/bench/seed/ckptio-seed step bench/seed_experiment --only local --saves 10 --out bench/results; \
 	SEED=$(BUILD)/bench/seed/ckptio-seed step bench/seed_experiment --only gcs --modes blocking,ckptio,ckptio-borrow --saves 6 \
 	  --out bench/results; \
