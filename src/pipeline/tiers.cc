@@ -33,7 +33,10 @@ class MappedFile {
     if (expected > 0) {
       void* p = ::mmap(nullptr, expected, PROT_READ, MAP_SHARED, fd.get(), 0);
       if (p == MAP_FAILED) return ErrnoToStatus(errno, "mmap", path);
+      // Shards were written O_DIRECT (not in the page cache): start reading
+      // the whole file ahead now, while the first bytes go out.
       ::madvise(p, expected, MADV_SEQUENTIAL);
+      ::madvise(p, expected, MADV_WILLNEED);
       m.data_ = static_cast<char*>(p);
     }
     return m;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long SIGKILL soak (not in `make test`, which runs 45 kills):
+# The long SIGKILL soak (not in `make test`, which runs 36 kills):
 #   tests/soak/sigkill_soak.sh [KILLS=1000] [BUILD=build]
 # SIGKILLs a saving process (tests/tools/crash_saver) KILLS times at random
 # moments; after each, recovery must leave no debris, and the latest step must
