@@ -35,7 +35,8 @@ Hash128 Xxh3(const void* data, size_t n);
 // A tensor's hash from the hashes of its pieces, in order.
 Hash128 CombinePieceHashes(std::span<const Hash128> pieces);
 
-// The hash of a whole tensor held in memory (pieces as defined above).
+// The hash of a whole tensor held in memory (pieces as defined above): the
+// reference the save path (pieces hashed by the pool) is tested against.
 Hash128 ContentHash(const void* data, size_t n);
 
 // The manifest spelling: 32 lowercase hex digits, high half first.

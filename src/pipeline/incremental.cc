@@ -69,17 +69,16 @@ format::Manifest MakeIncrementalManifest(const SavePlan& plan, const SavePlan& c
     changed_crc.push_back(tensor_crc[i]);
     changed_hash.push_back(tensor_hash[i]);
   }
-  format::Manifest written = MakeManifest(changed, changed_crc, changed_shard_crc, std::move(metadata), &changed_hash);
-  format::Manifest m = written;
+  format::Manifest m = MakeManifest(changed, changed_crc, changed_shard_crc, std::move(metadata), &changed_hash);
+  // PlanShards keeps its input order, so the written tensors are listed in
+  // the changed plan's order: the caller's order without the reused ones.
+  std::vector<format::ManifestTensor> written = std::move(m.tensors);
   m.tensors.clear();
-  // The caller's order: the written tensors where they were planned, the
-  // reused ones in the shard of the checkpoint that stores them.
-  std::unordered_map<std::string_view, size_t> written_by_name;
-  for (size_t k = 0; k < written.tensors.size(); ++k) written_by_name.emplace(written.tensors[k].name, k);
+  size_t next_written = 0;
   std::unordered_map<std::string, uint32_t> ref_index;  // Path() -> index in m.shards
   for (size_t i = 0; i < plan.specs.size(); ++i) {
     if (!reuse[i]) {
-      m.tensors.push_back(written.tensors[written_by_name.at(plan.specs[i].name)]);
+      m.tensors.push_back(std::move(written[next_written++]));
       continue;
     }
     format::ManifestTensor t = base.manifest.tensors[*reuse[i]];

@@ -29,6 +29,8 @@ namespace {
 constexpr size_t kCopyChunk = size_t{1} << 20;
 constexpr size_t kCrcChunk = format::kHashPiece;
 
+Task<void> NoWork() { co_return; }
+
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // The bound of "auto" staging: saves may take up to half the machine's
@@ -471,20 +473,17 @@ void ManagerImpl::ReleaseStaging(SaveJob* job) {
 }
 
 Task<Status> ManagerImpl::WriteShards(SaveJob* job, storage::CheckpointWriter* writer) {
-  if (options_.incremental) {
-    // What to write is known once every tensor is hashed.
+  // An incremental save knows what to write once every tensor is hashed;
+  // otherwise the checksums are computed while the shards are written.
+  const bool incremental = options_.incremental;
+  if (incremental) {
     co_await ComputeCrcs(job);
     CO_TRY(co_await PlanIncremental(job));
-    std::vector<Task<Status>> writes;
-    for (const storage::FileImage& image : job->images) writes.push_back(TimedWrite(writer, &image, job->plan.step));
-    std::vector<Status> done = co_await WhenAll(std::move(writes));
-    for (Status& r : done) CO_TRY(r);
-    co_return Status::Ok();
   }
   std::vector<Task<Status>> writes;
   for (const storage::FileImage& image : job->images) writes.push_back(TimedWrite(writer, &image, job->plan.step));
   // Named before the co_await (g++ 12 and temporaries, see STYLE.md).
-  Task<void> crcs = ComputeCrcs(job);
+  Task<void> crcs = incremental ? NoWork() : ComputeCrcs(job);
   Task<std::vector<Status>> all_writes = WhenAll(std::move(writes));
   auto both = WhenAll(std::move(crcs), std::move(all_writes));
   auto done = co_await std::move(both);
@@ -580,14 +579,17 @@ Status ManagerImpl::WaitUntilFinished() {
   return TakePendingErrors();
 }
 
-Status ManagerImpl::TakePendingErrors() {
-  std::vector<Status> errors = std::exchange(pending_errors_, {});
+Status JoinFailures(std::vector<Status> errors, std::string_view what) {
   if (errors.size() <= 1) return errors.empty() ? Status::Ok() : std::move(errors[0]);
   // Every failure, in the order they happened: none is dropped for being
   // second (a full disk fails several saves in a row).
-  std::string message = std::to_string(errors.size()) + " background saves failed: ";
+  std::string message = std::to_string(errors.size()) + " " + std::string(what) + " failed: ";
   for (size_t i = 0; i < errors.size(); ++i) message += (i > 0 ? "; " : "") + errors[i].message();
   return Status(errors[0].code(), std::move(message));
+}
+
+Status ManagerImpl::TakePendingErrors() {
+  return JoinFailures(std::exchange(pending_errors_, {}), "background saves");
 }
 
 Task<Status> ManagerImpl::DeleteTask(int64_t step) {

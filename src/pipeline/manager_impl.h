@@ -46,6 +46,9 @@ using Clock = std::chrono::steady_clock;
 std::string FormatBytes(uint64_t n);
 // The machine's memory in bytes (0 if unknown).
 uint64_t PhysicalMemory();
+// Failures as one Status: OK if none, the one if one, else the first one's
+// code and every message, oldest first ("3 <what> failed: a; b; c").
+Status JoinFailures(std::vector<Status> errors, std::string_view what);
 
 // What a SaveHandle sees. Written by the loop thread, read by any.
 struct SaveState {
@@ -211,6 +214,8 @@ class ManagerImpl {
   Task<Status> RestoreSlicesTask(int64_t step, std::span<const TensorSlice> slices);
   Task<Result<VerifyReport>> VerifyTask(int64_t step, const ProgressFn* progress);
   Task<Result<format::Manifest>> ReadManifest(int64_t step);
+  // The manifest's bytes as committed (no parsing).
+  Task<Result<std::string>> ReadManifestBytes(int64_t step);
   // ---- read_in_order.cc ----
   struct WindowRead;
   Status ReadInOrderPinned(int64_t step, const OrderedReader& reader, uint64_t window);
@@ -267,11 +272,11 @@ class ManagerImpl {
   void ReplicatorMain();
   void StopReplicator();
   // On the remote tier's manager: copies committed step `step` of the local
-  // directory root `source` (its files mmapped, sent as they are; a file of
+  // directory root `source`, whose manifest is `manifest` (its files mmapped, sent as they are; a file of
   // an earlier step the remote tier lacks is sent as one of this step's),
   // commits it manifest last, and applies the remote retention.
-  Task<Status> ReplicateTask(std::string source, int64_t step);
-  Status Replicate(const std::string& source, int64_t step);
+  Task<Status> ReplicateTask(std::string source, int64_t step, std::string manifest);
+  Status Replicate(const std::string& source, int64_t step, std::string manifest);
   std::unique_ptr<ManagerImpl> remote_;  // the remote tier, or null
   std::thread replicator_;
   std::condition_variable replication_cv_;    // the queue or replicating_ changed
@@ -286,12 +291,11 @@ class ManagerImpl {
 template <typename F>
 auto ManagerImpl::ReadFromTiers(std::optional<int64_t> step, F&& read) -> decltype(read(*this, step)) {
   if (!remote_) return read(*this, step);
-  const std::optional<int64_t> here = LatestStep(), there = remote_->LatestStep();
-  if (!step) {
-    if (!here && !there) return read(*this, step);  // the "no checkpoint" error
-    step = std::max(here.value_or(-1), there.value_or(-1));
-  }
   const std::vector<int64_t> local = AllSteps(), remote = remote_->AllSteps();
+  if (!step) {
+    if (local.empty() && remote.empty()) return read(*this, step);  // the "no checkpoint" error
+    step = std::max(local.empty() ? -1 : local.back(), remote.empty() ? -1 : remote.back());
+  }
   const bool in_local = std::binary_search(local.begin(), local.end(), *step);
   const bool in_remote = std::binary_search(remote.begin(), remote.end(), *step);
   if (!in_local && in_remote) return read(*remote_, step);

@@ -200,10 +200,13 @@ std::optional<int64_t> ManagerImpl::LatestStep() const {
   return all.back();
 }
 
+Task<Result<std::string>> ManagerImpl::ReadManifestBytes(int64_t step) {
+  co_return co_await storage_->ReadSmallFile(StepName(step), "manifest.json", format::kMaxManifestBytes);
+}
+
 Task<Result<format::Manifest>> ManagerImpl::ReadManifest(int64_t step) {
   const std::string path = root_ + "/" + StepName(step) + "/manifest.json";
-  CO_ASSIGN_OR_RETURN(std::string bytes,
-                      co_await storage_->ReadSmallFile(StepName(step), "manifest.json", format::kMaxManifestBytes));
+  CO_ASSIGN_OR_RETURN(std::string bytes, co_await ReadManifestBytes(step));
   CO_ASSIGN_OR_RETURN(format::Manifest m, format::ParseManifest(path, bytes));
   if (m.step != step) {
     co_return CorruptionError(path + ": says step " + std::to_string(m.step) + ", but the directory is step " +

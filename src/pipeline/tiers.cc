@@ -125,7 +125,9 @@ void ManagerImpl::ReplicatorMain() {
       replication_queue_.pop_front();
       replicating_ = step;
     }
-    Status s = remote_->Replicate(root_, step);
+    // The manifest as committed here, read through this tier's storage.
+    Result<std::string> manifest = loop().BlockOn(ReadManifestBytes(step));
+    Status s = manifest.ok() ? remote_->Replicate(root_, step, std::move(manifest).value()) : manifest.status();
     Unpin(step);
     // The prunes since this step committed spared it: retention applies now.
     Status pruned = loop().BlockOn(PruneNow());
@@ -165,11 +167,7 @@ Status ManagerImpl::WaitUntilReplicated() {
   if (!remote_) return Status::Ok();
   std::unique_lock lock(mu_);
   replication_cv_.wait(lock, [this] { return replication_queue_.empty() && !replicating_; });
-  std::vector<Status> errors = std::exchange(replication_errors_, {});
-  if (errors.empty()) return Status::Ok();
-  std::string message;
-  for (size_t i = 0; i < errors.size(); ++i) message += (i > 0 ? "; " : "") + errors[i].message();
-  return Status(errors[0].code(), std::move(message));
+  return JoinFailures(std::exchange(replication_errors_, {}), "copies to the remote tier");
 }
 
 std::vector<int64_t> ManagerImpl::AllStepsAllTiers() const {
@@ -183,35 +181,20 @@ std::vector<int64_t> ManagerImpl::AllStepsAllTiers() const {
   return all;
 }
 
-Status ManagerImpl::Replicate(const std::string& source, int64_t step) {
-  return loop().BlockOn(ReplicateTask(source, step));
+Status ManagerImpl::Replicate(const std::string& source, int64_t step, std::string manifest) {
+  return loop().BlockOn(ReplicateTask(source, step, std::move(manifest)));
 }
 
-Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step) {
+Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::string manifest_bytes) {
   const std::string name = StepName(step);
   const std::string dir = source + "/" + name;
-  // The manifest as the local tier committed it (a small read, on the pool).
-  auto read_manifest = [path = dir + "/manifest.json"]() -> Result<std::string> {
-    base::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-    if (!fd.valid()) return ErrnoToStatus(errno, "open", path);
-    std::string bytes;
-    char buf[1 << 16];
-    for (;;) {
-      const ssize_t n = ::read(fd.get(), buf, sizeof buf);
-      if (n < 0) return ErrnoToStatus(errno, "read", path);
-      if (n == 0) break;
-      bytes.append(buf, static_cast<size_t>(n));
-      if (bytes.size() > format::kMaxManifestBytes) return CorruptionError(path + ": larger than 256 MiB");
-    }
-    return bytes;
-  };
-  CO_ASSIGN_OR_RETURN(std::string manifest_bytes, co_await pool_->Run(read_manifest));
   CO_ASSIGN_OR_RETURN(format::Manifest m, format::ParseManifest(dir + "/manifest.json", manifest_bytes));
   // What to send: this step's files, and the files of earlier steps it uses
   // that this tier lacks (sent as files of this step, under a name of their
   // own). A file of an earlier step this tier has stays referenced.
   std::vector<MappedFile> maps;
   std::vector<storage::FileImage> images;
+  std::vector<uint32_t> crcs;  // each image's, from the manifest
   bool renamed = false;
   for (format::ManifestShard& s : m.shards) {
     std::string path = dir + "/" + s.name;
@@ -231,12 +214,9 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step) {
     image.size = s.bytes;
     if (s.bytes > 0) image.segments.push_back({0, maps.back().data(), s.bytes, s.bytes});
     images.push_back(std::move(image));
+    crcs.push_back(s.crc32c);
   }
-  // CRCs are known (the manifest's): the event is set before any write.
-  std::vector<uint32_t> crcs;
-  for (const format::ManifestShard& s : m.shards) {
-    if (s.checkpoint.empty()) crcs.push_back(s.crc32c);
-  }
+  // The CRCs are known before any write.
   runtime::AsyncEvent crc_ready;
   crc_ready.Set();
   for (size_t i = 0; i < images.size(); ++i) {

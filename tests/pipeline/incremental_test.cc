@@ -13,7 +13,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "ckptio/checkpoint_manager.h"
+#include "format/content_hash.h"
 #include "base/dtype.h"
 #include "test_util.h"
 
@@ -242,6 +245,34 @@ TEST_CASE("a tensor renamed, reshaped or retyped with the same bytes is written 
   CHECK(r->tensors[0].bytes == state.bytes[0]);
   CHECK(r->tensors[1].shape == std::vector<uint64_t>{512, 2048});
   CHECK(r->tensors[2].dtype == DType::kI8);
+}
+
+TEST_CASE("the manifest's content hash is the format's definition, whichever pass computes it") {
+  // Two 8 MiB pieces and a short one: the pool hashes them separately.
+  Bytes bytes(2 * format::kHashPiece + 4100);
+  std::mt19937_64 rng(7);
+  for (auto& b : bytes) b = static_cast<std::byte>(rng());
+  const std::string want = format::HashToHex(format::ContentHash(bytes.data(), bytes.size()));
+  struct Mode {
+    const char* name;
+    SnapshotMode snapshot;
+    SnapshotCrc crc;
+  };
+  for (const Mode& mode : {Mode{"copy, background CRC", SnapshotMode::kCopy, SnapshotCrc::kBackground},
+                           Mode{"copy, fused CRC", SnapshotMode::kCopy, SnapshotCrc::kFused},
+                           Mode{"borrow", SnapshotMode::kBorrow, SnapshotCrc::kBackground}}) {
+    CAPTURE(mode.name);
+    TempDir dir;
+    Options o = IncrementalOptions(0);
+    o.staging_memory = 64 << 20;
+    o.snapshot = mode.snapshot;
+    o.snapshot_crc = mode.crc;
+    auto m = OpenOrDie(dir.path(), o);
+    const TensorRef ref{"w", DType::kU8, {bytes.size()}, bytes.data()};
+    REQUIRE(m->Save(1, {&ref, 1})->Wait().ok());
+    const auto manifest = nlohmann::json::parse(testing::ReadWholeFile(dir / "checkpoint_1/manifest.json"));
+    CHECK(manifest["tensors"][0]["xxh3"] == want);
+  }
 }
 
 TEST_CASE("incremental is refused with overwrite and with multi-host saves") {
