@@ -130,6 +130,9 @@ struct ManagerStats {
   uint64_t steps_replicated = 0;
   uint64_t replications_failed = 0;
   uint64_t replications_skipped = 0;
+  // Bytes of remote uploads a killed process had sent, found at the server
+  // by the next one (resumed upload sessions) and not sent again.
+  uint64_t bytes_resumed = 0;
 };
 
 class CKPTIO_EXPORT CheckpointManager {

@@ -561,6 +561,7 @@ class PyManager {
     d["steps_replicated"] = s.steps_replicated;
     d["replications_failed"] = s.replications_failed;
     d["replications_skipped"] = s.replications_skipped;
+    d["bytes_resumed"] = s.bytes_resumed;
     return d;
   }
 

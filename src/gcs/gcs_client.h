@@ -52,6 +52,10 @@ struct GcsStats {
   std::atomic<uint64_t> bytes_uploaded{0};     // chunk bytes sent, including resends
   std::atomic<uint64_t> bytes_resent{0};       // of which sent again after a failure
   std::atomic<uint64_t> sessions_restarted{0};  // 404/410 on a session
+  // Sessions of an earlier process taken up again (UploadSource::resume_session),
+  // and the bytes the server already had from it, not sent again.
+  std::atomic<uint64_t> sessions_resumed{0};
+  std::atomic<uint64_t> bytes_resumed{0};
 };
 
 // The bytes of an object to upload: pieces in order (the caller's buffers).
@@ -64,6 +68,14 @@ struct UploadSource {
   const uint32_t* crc32c = nullptr;
   runtime::AsyncEvent* crc_ready = nullptr;
   std::atomic<uint64_t>* progress = nullptr;  // bytes the server acknowledged are added here
+  // Uploads that survive a restart: a resumable session an earlier process
+  // started for these same bytes. It is asked what it has and only the rest
+  // is sent; one that expired, was not started at this endpoint or answers
+  // with an error is replaced by a new session.
+  std::string resume_session;
+  // Called with each new session's URI before any byte is sent to it (an
+  // error fails the upload): where the caller records it durably.
+  std::function<Status(const std::string& session)> on_session;
 };
 
 class GcsClient {

@@ -178,6 +178,8 @@ struct GcsClient::ResumableUpload {
   uint64_t sent_end = 0;   // end of what has been sent (a resend counts as such)
   uint64_t reported = 0;   // acknowledged bytes added to source->progress so far
   bool refreshed = false;  // the token was refreshed once after a 401
+  bool resumed = false;    // `session` is an earlier process's, not yet answered
+  std::optional<ObjectMeta> confirmed;  // an earlier process's upload, complete: what the bucket holds
   Result<http::Response> resp = UnavailableError("no request sent");  // the last answer
   Outcome failure;         // the last answer, classified
 
@@ -190,12 +192,16 @@ struct GcsClient::ResumableUpload {
 };
 
 // The resumable-upload protocol, one state at a time:
-//   kSession  POST ...?uploadType=resumable -> the session URI      -> kSend from 0
+//   (start)   an earlier process's session (source->resume_session)  -> kQuery
+//             else                                                   -> kSession
+//   kSession  POST ...?uploadType=resumable -> the session URI,
+//             recorded by source->on_session                      -> kSend from 0
 //   kSend     PUT the chunk at `committed`:  308 + Range          -> kSend from there
 //                                            200/201              -> kDone
 //                                            failure              -> kRecover
 //   kRecover  after a failure: a 401 refreshes the token (once);
-//             404/410 (the session expired or vanished)           -> kSession
+//             404/410 (the session expired or vanished), or any
+//             other error from an earlier process's session       -> kSession
 //             retryable: back off (or give up)                    -> kQuery
 //             anything else                                       -> the error
 //   kQuery    PUT bytes */total: what has the server persisted?
@@ -215,11 +221,19 @@ Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name,
   ResumableUpload u(std::move(bucket), std::move(name), source, options_.retry);
   using State = UploadState;
   State state = State::kSession;
+  // Only a session of this endpoint is asked (its URI is where the bytes go).
+  if (!source->resume_session.empty() && source->resume_session.rfind(endpoint_ + "/", 0) == 0) {
+    u.session = source->resume_session;
+    u.resumed = true;
+    state = State::kQuery;
+  }
   while (state != State::kDone) {
     switch (state) {
       case State::kSession: {
         CO_ASSIGN_OR_RETURN(u.session, co_await StartSession(u.bucket, u.name, source, u.what));
         u.committed = 0;
+        u.resumed = false;
+        if (source->on_session) CO_TRY(source->on_session(u.session).WithContext(u.what));
         state = State::kSend;
         break;
       }
@@ -238,7 +252,8 @@ Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name,
           auth_.Invalidate();
           u.refreshed = true;
           state = State::kQuery;
-        } else if (u.resp.ok() && (u.resp->status == 404 || u.resp->status == 410)) {
+        } else if ((u.resp.ok() && (u.resp->status == 404 || u.resp->status == 410)) ||
+                   (u.resumed && !u.failure.retryable)) {
           ++stats_.sessions_restarted;  // the session expired or vanished: start over
           u.session.clear();
           state = State::kSession;
@@ -256,14 +271,38 @@ Task<Result<ObjectMeta>> GcsClient::Upload(std::string bucket, std::string name,
       case State::kQuery: {
         u.resp = co_await QuerySession(u.session, source->size);
         state = AfterAnswer(&u);
+        if (u.resumed && state != State::kRecover) {
+          // An earlier process's session answered: what it sent is not sent
+          // again. If it completed the object, the object must still be there.
+          u.resumed = false;
+          if (state == State::kDone) {
+            auto meta = co_await Stat(u.bucket, u.name);
+            if (meta.status().code() == StatusCode::kNotFound) {
+              ++stats_.sessions_restarted;
+              u.session.clear();
+              state = State::kSession;
+              break;
+            }
+            if (!meta.ok()) co_return meta.status().WithContext(u.what);
+            u.confirmed = std::move(meta).value();
+          }
+          ++stats_.sessions_resumed;
+          stats_.bytes_resumed += state == State::kDone ? source->size : u.committed;
+        }
         break;
       }
       case State::kDone:
         break;
     }
   }
-  CO_ASSIGN_OR_RETURN(ObjectMeta meta,
-                      co_await StoredObject(&*u.resp, u.bucket, u.name, source->size, SourceCrc(source), u.what));
+  if (source->crc_ready != nullptr) co_await source->crc_ready->Wait();  // (set already, unless resumed)
+  ObjectMeta meta;
+  if (u.confirmed) {
+    meta = std::move(*u.confirmed);
+  } else {
+    CO_ASSIGN_OR_RETURN(meta,
+                        co_await StoredObject(&*u.resp, u.bucket, u.name, source->size, SourceCrc(source), u.what));
+  }
   CO_TRY(CheckStored(meta, source, u.what));
   u.Report(source->size);
   co_return meta;

@@ -631,6 +631,7 @@ ManagerStats ManagerImpl::stats() const {
     s = stats_;
   }
   s.storage_retries = storage_->retries();
+  s.bytes_resumed = storage_->bytes_resumed() + (remote_ ? remote_->storage_->bytes_resumed() : 0);
   return s;
 }
 

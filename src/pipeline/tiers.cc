@@ -9,6 +9,7 @@
 #include "base/status_macros.h"
 #include "base/unique_fd.h"
 #include "pipeline/manager_impl.h"
+#include "pipeline/replication_journal.h"
 #include "runtime/when_all.h"
 
 namespace ckptio::pipeline {
@@ -216,12 +217,19 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::s
     images.push_back(std::move(image));
     crcs.push_back(s.crc32c);
   }
-  // The CRCs are known before any write.
+  // The CRCs are known before any write. The upload sessions are recorded
+  // in the local tier: a copy a killed process left unfinished goes on
+  // where the server's sessions stand.
   runtime::AsyncEvent crc_ready;
   crc_ready.Set();
+  ReplicationJournal journal = ReplicationJournal::Load(source, root_, step);
   for (size_t i = 0; i < images.size(); ++i) {
     images[i].crc32c = &crcs[i];
     images[i].crc_ready = &crc_ready;
+    images[i].resume_session = journal.Session(images[i].name);
+    images[i].record_session = [&journal, file = images[i].name](const std::string& session) {
+      return journal.Record(file, session);
+    };
   }
   if (renamed) {
     m.format_version = format::FormatVersionFor(m);
@@ -241,8 +249,13 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::s
   if (!s.ok()) {
     Status aborted = co_await writer->Abort();
     aborted.IgnoreError();
+    Status forgotten = journal.Clear();  // what the sessions hold is deleted: start afresh
+    forgotten.IgnoreError();
     co_return s;
   }
+  // A journal left behind is harmless (it names a step already copied).
+  Status forgotten = journal.Clear();
+  forgotten.IgnoreError();
   {
     std::lock_guard lock(mu_);
     committed_.insert(step);

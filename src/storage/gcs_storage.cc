@@ -113,6 +113,11 @@ class GcsStorage final : public Storage {
     for (const auto& lane : lanes_) n += lane->client->stats().retries;
     return n;
   }
+  uint64_t bytes_resumed() const override {
+    uint64_t n = 0;
+    for (const auto& lane : lanes_) n += lane->client->stats().bytes_resumed;
+    return n;
+  }
   uint64_t requests() const override {
     uint64_t n = 0;
     for (const auto& lane : lanes_) n += lane->client->stats().requests;
@@ -248,6 +253,8 @@ Task<Status> GcsWriter::WriteFile(const FileImage* image) {
   source.crc32c = image->crc32c;
   source.crc_ready = image->crc_ready;
   source.progress = image->progress;
+  source.resume_session = image->resume_session;
+  source.on_session = image->record_session;
   const std::string object = storage_->Object(name_, image->name);
   uploaded_.push_back(object);
   Lane& lane = storage_->NextLane();

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +49,12 @@ struct FileImage {
   runtime::AsyncEvent* crc_ready = nullptr;
   // If set, bytes written so far are added here (read from other threads).
   std::atomic<uint64_t>* progress = nullptr;
+  // A remote store's upload that survives a restart: the session an earlier
+  // process started for this file (empty: none), and where a new session is
+  // recorded before its first byte is sent (may run on another thread). A
+  // local store ignores both.
+  std::string resume_session;
+  std::function<Status(const std::string& session)> record_session;
 };
 
 // Writes one checkpoint. Created by Storage::StartCheckpoint.
@@ -130,6 +137,8 @@ class Storage {
   virtual uint64_t retries() const { return 0; }
   // Requests made so far (a backend that makes none says 0).
   virtual uint64_t requests() const { return 0; }
+  // Bytes of uploads an earlier process had sent that were not sent again.
+  virtual uint64_t bytes_resumed() const { return 0; }
 };
 
 }  // namespace ckptio::storage

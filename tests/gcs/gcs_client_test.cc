@@ -289,6 +289,114 @@ TEST_CASE_FIXTURE(Fixture, "a session that expired (410) is started again from t
   CHECK(ReadBack(name, data.size()) == data);
 }
 
+// An upload of `data` that stops, as a killed process would, once the
+// server holds `chunks` chunks: the next chunk is refused (403, final). The
+// session it recorded is returned.
+std::string InterruptedUpload(Fixture& f, const std::string& name, const std::string& data, int chunks) {
+  f.control->SetRules(Json::array({{{"method", "PUT"}, {"path", "upload_id="}, {"nth", chunks + 1}, {"status", 403}}}));
+  std::string recorded;
+  UploadSource src;
+  src.pieces = {{data.data(), data.size()}};
+  src.size = data.size();
+  src.on_session = [&recorded](const std::string& session) {
+    recorded = session;
+    return Status::Ok();
+  };
+  REQUIRE(f.Run(f.client->Upload(f.bucket, name, &src)).status().code() == StatusCode::kPermissionDenied);
+  f.control->Reset();
+  REQUIRE(!recorded.empty());
+  return recorded;
+}
+
+TEST_CASE_FIXTURE(Fixture, "an earlier process's session is asked, and only the bytes its server lacks are sent") {
+  const std::string name = UniqueName("resumed");
+  const std::string data = Bytes(6 * kQ + 777, 21);
+  const uint32_t crc = format::Crc32c(data.data(), data.size());
+  const std::string session = InterruptedUpload(*this, name, data, 2);
+  UploadSource src;
+  src.pieces = {{data.data(), data.size()}};
+  src.size = data.size();
+  src.crc32c = &crc;
+  src.resume_session = session;
+  int recorded = 0;
+  src.on_session = [&recorded](const std::string&) { return ++recorded, Status::Ok(); };
+  auto meta = Run(client->Upload(bucket, name, &src));
+  REQUIRE_MESSAGE(meta.ok(), meta.status().ToString());
+  CHECK(meta->crc32c == crc);
+  CHECK(control->Count("POST", "uploadType=resumable") == 0);
+  CHECK(recorded == 0);
+  CHECK(control->BodyBytes("PUT", "upload_id=") == data.size() - 2 * kQ);
+  CHECK(client->stats().sessions_resumed == 1);
+  CHECK(client->stats().bytes_resumed == 2 * kQ);
+  CHECK(ReadBack(name, data.size()) == data);
+}
+
+TEST_CASE_FIXTURE(Fixture, "an earlier process's session that completed its object sends nothing, if the object is there") {
+  const std::string name = UniqueName("completed");
+  const std::string data = Bytes(3 * kQ, 22);
+  std::string session;
+  UploadSource first;
+  first.pieces = {{data.data(), data.size()}};
+  first.size = data.size();
+  first.on_session = [&session](const std::string& s) { return session = s, Status::Ok(); };
+  REQUIRE(Run(client->Upload(bucket, name, &first)).ok());
+  control->Reset();
+  UploadSource again = first;
+  again.resume_session = session;
+  auto meta = Run(client->Upload(bucket, name, &again));
+  REQUIRE_MESSAGE(meta.ok(), meta.status().ToString());
+  CHECK(meta->size == data.size());
+  CHECK(control->BodyBytes("PUT", "upload_id=") == 0);
+  CHECK(control->Count("POST", "uploadType=resumable") == 0);
+  CHECK(client->stats().bytes_resumed == data.size());
+  // Deleted since: the completed session does not stand for it; sent again.
+  REQUIRE(Run(client->Delete(bucket, name)).ok());
+  control->Reset();
+  REQUIRE(Run(client->Upload(bucket, name, &again)).ok());
+  CHECK(control->Count("POST", "uploadType=resumable") == 1);
+  CHECK(control->BodyBytes("PUT", "upload_id=") == data.size());
+  CHECK(ReadBack(name, data.size()) == data);
+}
+
+TEST_CASE_FIXTURE(Fixture, "an expired or foreign session is replaced by a new one, recorded before its first byte") {
+  const std::string name = UniqueName("replaced");
+  const std::string data = Bytes(2 * kQ + 5, 23);
+  const std::string endpoint = Env("STORAGE_EMULATOR_HOST");
+  for (const std::string& stale : {endpoint + "/upload/storage/v1/b/" + bucket + "/o?uploadType=resumable&upload_id=gone",
+                                   std::string("http://127.0.0.1:9/upload/storage/v1/b/x/o?upload_id=elsewhere")}) {
+    CAPTURE(stale);
+    control->Reset();
+    UploadSource src;
+    src.pieces = {{data.data(), data.size()}};
+    src.size = data.size();
+    src.resume_session = stale;
+    int puts_when_recorded = -1;
+    src.on_session = [&](const std::string& session) {
+      CHECK(session != stale);
+      puts_when_recorded = control->Count("PUT", "upload_id=") - control->Count("PUT", "upload_id=gone");
+      return Status::Ok();
+    };
+    REQUIRE(Run(client->Upload(bucket, name, &src)).ok());
+    CHECK(puts_when_recorded == 0);
+    CHECK(control->Count("PUT", "upload_id=elsewhere") == 0);  // another endpoint's: never asked
+    CHECK(ReadBack(name, data.size()) == data);
+  }
+  CHECK(client->stats().sessions_resumed == 0);
+  CHECK(client->stats().sessions_restarted == 1);  // the expired one
+}
+
+TEST_CASE_FIXTURE(Fixture, "a session that cannot be recorded fails the upload before its first byte") {
+  const std::string data = Bytes(2 * kQ, 24);
+  UploadSource src;
+  src.pieces = {{data.data(), data.size()}};
+  src.size = data.size();
+  src.on_session = [](const std::string&) { return ResourceExhaustedError("ROOT/.ckptio-replication.json: disk full"); };
+  auto meta = Run(client->Upload(bucket, UniqueName("unrecorded"), &src));
+  CHECK(meta.status().code() == StatusCode::kResourceExhausted);
+  CHECK(meta.status().message().find("disk full") != std::string::npos);
+  CHECK(control->Count("PUT", "upload_id=") == 0);
+}
+
 // The final chunk's request, and a 200 whose object resource is cut after
 // 100 bytes (framed as complete) once the server has committed the object.
 Json CutFinalAnswer() {

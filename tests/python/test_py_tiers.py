@@ -3,6 +3,10 @@ the GCS emulator in the background (tests/gcs), reads take the newest step of ei
 official google-cloud-storage client checks what landed in the bucket."""
 import json
 import os
+import re
+import subprocess
+import sys
+import time
 
 import numpy as np
 
@@ -88,3 +92,92 @@ def test_incremental_steps_copied_to_the_remote_tier_refer_to_what_it_already_ha
     assert "run/checkpoint_1/manifest.json" not in blobs
     assert "run/checkpoint_1/shard-00000.safetensors" in blobs
     assert sum(b.size for n, b in blobs.items() if n.startswith("run/checkpoint_3/")) < 64 * 1024
+
+
+SAVER = """
+import json, sys
+import numpy as np
+import ckptio
+mgr = ckptio.CheckpointManager(sys.argv[1], **json.loads(sys.argv[2]))
+mgr.save(1, {"w": np.arange(1 << 20, dtype=np.float32)})
+mgr.wait_until_finished()
+print("committed", flush=True)
+mgr.wait_until_finished(tier="remote")  # the proxy holds a chunk: killed while waiting here
+"""
+
+
+def test_a_copy_killed_mid_upload_resumes_its_session_and_sends_only_the_missing_bytes(
+        tmp_path, gcs_root, gcs_proxy, gcs_client, gcs_bucket, child_env, small):
+    local = tmp_path / "local"
+    chunk = 256 * 1024
+    options = dict(small, tiers={"remote": gcs_root}, gcs={"chunk_size": "256KiB"})
+    env = dict(child_env, **{k: v for k, v in os.environ.items() if k.startswith(("STORAGE_EMULATOR", "GCE_METADATA"))})
+    # The 5th chunk of the copy gets no answer: the saver is SIGKILLed while the server holds 4.
+    gcs_proxy.set_rules([{"id": "hold", "method": "PUT", "path": "upload_id=", "headers": {"Content-Range": r"^bytes \d+-"},
+                          "skip": 4, "times": 1, "stall_seconds": 300}])
+    saver = subprocess.Popen([sys.executable, "-c", SAVER, str(local), json.dumps(options)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert saver.stdout.readline().strip() == "committed", saver.stderr.read()
+        held = lambda: next(r for r in gcs_proxy.rules() if r.get("id") == "hold")["fired"]  # noqa: E731
+        deadline = time.monotonic() + 300
+        while not held() and saver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # polls the proxy's counter
+        assert held() == 1, saver.stderr.read() if saver.poll() is not None else "the copy never reached chunk 5"
+    finally:
+        saver.kill()
+        saver.wait()
+    gcs_proxy.set_rules([])
+    before = gcs_proxy.log()
+    chunks = [e for e in before if e["method"] == "PUT" and "upload_id=" in e["query"]]
+    acknowledged = max(int(e["response_headers"]["range"].split("-")[1]) + 1 for e in chunks if e["status"] == 308)
+    assert acknowledged == 4 * chunk
+    # The session was recorded in the local tier before its first byte was sent.
+    journal = json.loads((local / ".ckptio-replication.json").read_text())
+    assert journal["step"] == 1 and journal["remote"] == gcs_root
+    [(shard, session)] = journal["sessions"].items()
+    upload_id = re.search(r"upload_id=([^&]+)", session).group(1)
+    assert oct((local / ".ckptio-replication.json").stat().st_mode & 0o777) == "0o600"
+
+    # A new process on the same local tier takes the copy up where the server's session stands.
+    since = before[-1]["id"] + 1 if before else 0
+    with ckptio.CheckpointManager(str(local), **options) as mgr:
+        mgr.wait_until_finished(tier="remote")
+        stats = mgr.stats()
+    after = gcs_proxy.log(since)
+    size = (local / "checkpoint_1" / shard).stat().st_size
+    assert size > 8 * chunk
+    starts = [e for e in after if e["method"] == "POST" and "uploadType=resumable" in e["query"]]
+    assert starts == [], "the upload started again"
+    resent = sum(e["request_body_bytes"] for e in after if e["method"] == "PUT" and upload_id in e["query"])
+    assert resent == size - acknowledged
+    assert stats["bytes_resumed"] == acknowledged and stats["steps_replicated"] == 1
+    assert not (local / ".ckptio-replication.json").exists()
+    blobs = objects(gcs_client, gcs_bucket)
+    assert blobs[f"run/checkpoint_1/{shard}"].download_as_bytes() == (local / "checkpoint_1" / shard).read_bytes()
+    assert "run/checkpoint_1/manifest.json" in blobs
+
+
+def test_a_damaged_journal_or_a_fifo_or_symlink_in_its_place_is_reported_and_the_copy_starts_afresh(
+        tmp_path, gcs_root, gcs_client, gcs_bucket, small, capfd):
+    local = tmp_path / "local"
+    journal = local / ".ckptio-replication.json"
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"remote": "gs://elsewhere", "step": 1, "sessions": {}}')
+    plant = [lambda: journal.write_text("{not json"),
+             lambda: os.mkfifo(journal),
+             lambda: journal.symlink_to(outside)]
+    with ckptio.CheckpointManager(str(local), tiers={"remote": gcs_root}, gcs={"chunk_size": "256KiB"}, **small) as mgr:
+        for step, put in enumerate(plant, start=1):
+            put()
+            mgr.save(step, {"w": np.full(300_000, step, np.float32)})  # 1.2 MB: a resumable upload
+            mgr.wait_until_finished(tier="remote")
+            assert not os.path.lexists(journal)
+        assert mgr.stats()["steps_replicated"] == 3
+    err = capfd.readouterr().err
+    assert err.count("ignoring the replication journal") == 3 and err.count(str(journal)) >= 3
+    assert "not a replication journal" in err and "not a regular file" in err and "symbolic links" in err
+    assert outside.read_text() == '{"remote": "gs://elsewhere", "step": 1, "sessions": {}}'
+    blobs = objects(gcs_client, gcs_bucket)
+    for step in (1, 2, 3):
+        assert f"run/checkpoint_{step}/manifest.json" in blobs
