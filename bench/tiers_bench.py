@@ -16,7 +16,8 @@ overhead = (loop wall time - compute time) / compute time.
 
 Copy time: for each of 3 saves, in a quiet loop: "local commit" = save() to wait_until_finished(),
 then "local commit to remote commit" = wait_until_finished(tier="remote") after it; against an
-upload-only save of the same bytes (the GCS-only manager: save() to committed).
+upload-only save of the same bytes (the GCS-only manager: save() to committed). Then the copy time
+with gcs.max_upload_bandwidth at 1/8 of the state per second: the rate it reached against the cap.
 """
 import argparse
 import json
@@ -38,6 +39,8 @@ root, remote, mib, saves, compute, what = (sys.argv[2], sys.argv[3], int(sys.arg
 n = 64
 state = {f"layer{i}": np.full((mib << 20) // n // 4, i, np.float32) for i in range(n)}
 opts = {"keep": 2, "staging_memory": f"{2 * mib}MiB"}
+if len(sys.argv) > 8:
+    opts["gcs"] = {"max_upload_bandwidth": sys.argv[8]}
 if remote:
     opts["tiers"] = {"remote": remote, "remote_keep": 2}
 tier = "remote" if remote else "local"
@@ -77,9 +80,9 @@ print(json.dumps(out))
 """
 
 
-def run(python_path, root, remote, a, what, env):
+def run(python_path, root, remote, a, what, env, cap=None):
     out = subprocess.run([sys.executable, "-c", CHILD, python_path, root, remote, str(a.state_mib), str(a.saves),
-                          str(a.compute), what], capture_output=True, text=True, env=env)
+                          str(a.compute), what] + ([cap] if cap else []), capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"tiers_bench: the {what} run on {root} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -130,6 +133,14 @@ def main():
             print(f"| local commit to remote commit (the copy) | {statistics.median(copy['copy']):.2f} s "
                   f"| {statistics.median(copy['copy']) / up:.2f}x |")
             print(f"| upload-only save of the same bytes (GCS root) | {up:.2f} s | 1.00x |")
+            cap_mib = max(1, a.state_mib // 8)  # a cap well under what the emulator takes here
+            capped = run(python_path, os.path.join(base, "f"), f"{gs}/f", a, "copy", env, f"{cap_mib}MiB")
+            took = statistics.median(capped["copy"])
+            print(f"\n### Copy with gcs.max_upload_bandwidth = {cap_mib} MiB/s (3 saves, median)\n")
+            print("| copy time | at least (bytes / cap) | rate | vs cap |")
+            print("|---:|---:|---:|---:|")
+            print(f"| {took:.2f} s | {a.state_mib / cap_mib:.2f} s | {a.state_mib / took:.1f} MiB/s "
+                  f"| {a.state_mib / took / cap_mib:.2f}x |")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

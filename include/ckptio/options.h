@@ -106,6 +106,9 @@ struct Options {
     // with its own connections: TLS costs CPU, and one thread tops out near
     // one core. The first is the manager's own loop; 1 = no extra thread.
     int loops = 2;
+    // Bytes per second all uploads of the root send together (with two
+    // tiers: the copies to the remote tier); 0 = no cap.
+    uint64_t max_upload_bandwidth = 0;
     struct Retry {
       int max_attempts = 6;  // including the first; 1 = no retry
       std::chrono::milliseconds initial_backoff{200};

@@ -252,6 +252,10 @@ const std::vector<Knob>& Table() {
           "Event-loop threads that carry shard uploads and reads, each with its own connections "
           "(TLS is CPU-bound: one thread tops out near one core); 1 = all on the manager's loop.",
           1, 64),
+      Size(CKPTIO_KNOB(gcs.max_upload_bandwidth),
+           "Bytes per second all uploads of the root send together, e.g. \"100MiB\" (with two tiers: the "
+           "copies to the remote tier, so that they leave the trainer's input pipeline its share); 0 = no cap.",
+           0),
       Group("gcs.retry", "Retries of 408, 429, 5xx and transport errors."),
       Int(CKPTIO_KNOB(gcs.retry.max_attempts), "Attempts per request, the first included.", 1,
           1000),

@@ -73,9 +73,21 @@ Status internal::GaveUp(Status last, const Backoff& backoff) {
 std::string GsUrl(const std::string& bucket, const std::string& name) { return "gs://" + bucket + "/" + name; }
 
 GcsClient::GcsClient(runtime::Loop& loop, http::HttpClient& http, AuthProvider& auth, std::string endpoint,
-                     Options::Gcs options)
-    : loop_(loop), http_(http), auth_(auth), endpoint_(std::move(endpoint)), options_(std::move(options)) {
+                     Options::Gcs options, std::shared_ptr<UploadPacer> pacer)
+    : loop_(loop), http_(http), auth_(auth), endpoint_(std::move(endpoint)), options_(std::move(options)),
+      pacer_(std::move(pacer)) {
   while (!endpoint_.empty() && endpoint_.back() == '/') endpoint_.pop_back();
+  if (pacer_ == nullptr && options_.max_upload_bandwidth > 0) {
+    pacer_ = std::make_shared<UploadPacer>(options_.max_upload_bandwidth);
+  }
+}
+
+Task<void> GcsClient::Pace(uint64_t bytes) {
+  if (pacer_ == nullptr || bytes == 0) co_return;
+  const Clock::duration wait = pacer_->Reserve(Clock::now(), bytes);
+  if (wait <= Clock::duration::zero()) co_return;
+  Status slept = co_await loop_.Sleep(std::chrono::ceil<std::chrono::milliseconds>(wait));
+  slept.IgnoreError();
 }
 
 std::string GcsClient::ObjectUrl(const std::string& bucket, const std::string& name) const {

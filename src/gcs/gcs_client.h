@@ -26,6 +26,7 @@
 #include "ckptio/status.h"
 #include "runtime/task.h"
 #include "gcs/auth.h"
+#include "gcs/pacer.h"
 #include "http/http_client.h"
 #include "runtime/async_sync.h"
 #include "runtime/loop.h"
@@ -81,8 +82,10 @@ struct UploadSource {
 class GcsClient {
  public:
   // endpoint: "https://storage.googleapis.com" or an emulator's URL.
+  // With options.max_upload_bandwidth, the uploads are paced by `pacer`
+  // (shared by the clients of one root), or by one of this client's own.
   GcsClient(runtime::Loop& loop, http::HttpClient& http, AuthProvider& auth, std::string endpoint,
-            Options::Gcs options);
+            Options::Gcs options, std::shared_ptr<UploadPacer> pacer = nullptr);
 
   // An object of any size: one request when it fits a chunk, else a
   // resumable upload in chunks. (Here and in UploadSmall, a success whose
@@ -133,6 +136,10 @@ class GcsClient {
   Task<Result<http::Response>> SendChunk(const std::string& session, const UploadSource* source,
                                          uint64_t offset, uint64_t len, bool last);
   Task<Result<http::Response>> QuerySession(const std::string& session, uint64_t total);
+  // Waits until gcs.max_upload_bandwidth allows `bytes` more.
+  Task<void> Pace(uint64_t bytes);
+  // A request's own cap on its send rate (http::Request::max_send_speed).
+  uint64_t SendCap() const { return pacer_ ? pacer_->rate() : 0; }
   // The object that `answer`, a 2xx completing an upload, describes. When
   // its body is not an object resource (a stream broken after the server
   // committed), the object is ours iff the bucket holds `size` bytes with
@@ -153,6 +160,7 @@ class GcsClient {
   AuthProvider& auth_;
   std::string endpoint_;
   Options::Gcs options_;
+  std::shared_ptr<UploadPacer> pacer_;  // null: no cap
   GcsStats stats_;
 };
 

@@ -100,6 +100,8 @@ Task<Result<http::Response>> GcsClient::SendChunk(const std::string& session, co
     r.headers.push_back("x-goog-hash: crc32c=" + format::Crc32cToBase64(*source->crc32c));
   }
   r.pieces = Slice(source, offset, len);
+  r.max_send_speed = SendCap();
+  co_await Pace(len);
   CO_TRY(co_await Authorize(&r));
   ++stats_.requests;
   stats_.bytes_uploaded += len;
@@ -144,16 +146,18 @@ Task<Result<ObjectMeta>> GcsClient::UploadOnce(std::string bucket, std::string n
   // refuses bytes that do not match); either way the CRC the server stored
   // is checked against ours below, before anything can commit this object.
   const bool crc_known = source->crc32c != nullptr && (source->crc_ready == nullptr || source->crc_ready->is_set());
-  auto make = [&url, source, crc_known] {
+  auto make = [this, &url, source, crc_known] {
     http::Request r;
     r.method = "POST";
     r.url = url;
+    r.max_send_speed = SendCap();
     r.headers = {"Content-Type: application/octet-stream"};
     if (crc_known) r.headers.push_back("x-goog-hash: crc32c=" + format::Crc32cToBase64(*source->crc32c));
     r.pieces = Slice(source, 0, source->size);
     return r;
   };
   stats_.bytes_uploaded += source->size;
+  co_await Pace(source->size);
   CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make, std::nullopt));  // data: bounded by stalls
   if (source->crc_ready != nullptr) co_await source->crc_ready->Wait();
   CO_ASSIGN_OR_RETURN(ObjectMeta meta,

@@ -448,6 +448,9 @@ Status HttpClient::Impl::Configure(Transfer* t) {
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, stall_s);
   t->stall_timeout = options_.stall_timeout;
   if (r.time_limit.count() > 0) curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(r.time_limit.count()));
+  if (r.max_send_speed > 0) {
+    curl_easy_setopt(e, CURLOPT_MAX_SEND_SPEED_LARGE, static_cast<curl_off_t>(r.max_send_speed));
+  }
   t->last_progress = std::chrono::steady_clock::now();
   curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, &Impl::OnProgress);
   curl_easy_setopt(e, CURLOPT_XFERINFODATA, t);

@@ -62,6 +62,8 @@ struct Request {
   // The whole request, connection included, ends by then (DeadlineExceeded)
   // even if bytes still trickle; 0 = no limit but the stall timeout.
   std::chrono::milliseconds time_limit{0};
+  // The request body goes out at most this fast (bytes/s); 0 = no cap.
+  uint64_t max_send_speed = 0;
 };
 
 struct Response {

@@ -71,10 +71,11 @@ Lane::~Lane() {
 }
 
 // Creates the lane's clients; runs on the lane's loop.
-Task<Status> MakeClients(Lane* lane, http::HttpOptions ho, Options::Gcs options, bool emulator, std::string endpoint) {
+Task<Status> MakeClients(Lane* lane, http::HttpOptions ho, Options::Gcs options, bool emulator, std::string endpoint,
+                         std::shared_ptr<gcs::UploadPacer> pacer) {
   CO_ASSIGN_OR_RETURN(lane->http, http::HttpClient::Create(*lane->loop, ho));
   CO_ASSIGN_OR_RETURN(lane->auth, gcs::MakeAuth(*lane->loop, *lane->http, options, emulator));
-  lane->client = std::make_unique<GcsClient>(*lane->loop, *lane->http, *lane->auth, endpoint, options);
+  lane->client = std::make_unique<GcsClient>(*lane->loop, *lane->http, *lane->auth, endpoint, options, pacer);
   co_return Status::Ok();
 }
 
@@ -329,6 +330,9 @@ Task<Result<std::unique_ptr<Storage>>> OpenGcsStorage(runtime::Loop& loop, std::
   // gcs.connections is the total: split among the lanes.
   const int loops = std::max(1, options.loops);
   ho.max_connections = std::max(1, (options.connections + loops - 1) / loops);
+  // gcs.max_upload_bandwidth is the root's: one pacer for all lanes.
+  std::shared_ptr<gcs::UploadPacer> pacer;
+  if (options.max_upload_bandwidth > 0) pacer = std::make_shared<gcs::UploadPacer>(options.max_upload_bandwidth);
   std::vector<std::unique_ptr<Lane>> lanes;
   for (int i = 0; i < loops; ++i) {
     auto lane = std::make_unique<Lane>();
@@ -338,7 +342,7 @@ Task<Result<std::unique_ptr<Storage>>> OpenGcsStorage(runtime::Loop& loop, std::
       CO_ASSIGN_OR_RETURN(lane->thread, runtime::LoopThread::Start({}, "ckptio-gcs-" + std::to_string(i)));
       lane->loop = &lane->thread->loop();
     }
-    Task<Status> making = MakeClients(lane.get(), ho, options, emulator, endpoint);
+    Task<Status> making = MakeClients(lane.get(), ho, options, emulator, endpoint, pacer);
     CO_TRY(co_await runtime::OnLoop(*lane->loop, std::move(making)));  // on failure ~Lane cleans up
     lanes.push_back(std::move(lane));
   }

@@ -397,6 +397,22 @@ TEST_CASE_FIXTURE(Fixture, "a session that cannot be recorded fails the upload b
   CHECK(control->Count("PUT", "upload_id=") == 0);
 }
 
+TEST_CASE_FIXTURE(Fixture, "gcs.max_upload_bandwidth: an upload's bytes do not go out faster than the cap") {
+  options.max_upload_bandwidth = 4 * kQ;  // 1 MiB/s
+  UseAuth(std::move(MakeAuth(*loop, *http, options, /*emulator=*/true)).value());
+  const std::string name = UniqueName("paced");
+  const std::string data = Bytes(6 * kQ, 25);
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(Upload(name, data).ok());
+  const auto took = std::chrono::steady_clock::now() - start;
+  // The last of the 6 chunks may start no sooner than 5 chunks' time at
+  // the cap (1.25 s) after the first. (A lower bound: a loaded machine only
+  // makes it longer.)
+  CHECK(took >= std::chrono::milliseconds(1250));
+  CHECK(control->Count("PUT", "upload_id=") == 6);
+  CHECK(ReadBack(name, data.size()) == data);
+}
+
 // The final chunk's request, and a 200 whose object resource is cut after
 // 100 bytes (framed as complete) once the server has committed the object.
 Json CutFinalAnswer() {

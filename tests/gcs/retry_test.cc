@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gcs/pacer.h"
 #include "gcs/retry.h"
 
 namespace ckptio::gcs {
@@ -172,6 +173,19 @@ TEST_CASE("when the deadline runs out, the message names gcs.retry.deadline") {
   REQUIRE_FALSE(b.Next(&delay));
   CHECK(b.Exhausted() ==
         "gave up after 1 attempt in 2000 ms: gcs.retry.deadline 2000 ms reached (gcs.retry.max_attempts 6)");
+}
+
+TEST_CASE("the upload pacer spaces requests so that the bytes never go faster than the rate") {
+  using std::chrono::seconds;
+  UploadPacer pacer(1'000'000);  // 1 MB/s
+  const UploadPacer::Clock::time_point t0{seconds(100)};
+  CHECK(pacer.Reserve(t0, 1'000'000) == seconds(0));           // the link is free: go
+  CHECK(pacer.Reserve(t0, 500'000) == seconds(1));             // after the first megabyte
+  CHECK(pacer.Reserve(t0 + milliseconds(500), 250'000) == seconds(1));  // after 1.5 MB: t0 + 1.5 s
+  // Idle time is not saved up for a burst later: after a pause the next
+  // request goes at once, the one after it waits for it.
+  CHECK(pacer.Reserve(t0 + seconds(10), 2'000'000) == seconds(0));
+  CHECK(pacer.Reserve(t0 + seconds(10), 1) == seconds(2));
 }
 
 }  // namespace
