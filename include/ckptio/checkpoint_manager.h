@@ -133,6 +133,8 @@ struct ManagerStats {
   // Bytes of remote uploads a killed process had sent, found at the server
   // by the next one (resumed upload sessions) and not sent again.
   uint64_t bytes_resumed = 0;
+  // tiers.seed_local: steps copied from the remote tier into the local one.
+  uint64_t steps_seeded = 0;
 };
 
 class CKPTIO_EXPORT CheckpointManager {
@@ -190,7 +192,9 @@ class CKPTIO_EXPORT CheckpointManager {
   Status WaitUntilFinished();
   // With Tier::kRemote (two tiers, Options::tiers): also until every
   // committed step bound for the remote tier is copied there, e.g. before a
-  // planned shutdown; its failures too. Tier::kLocal: WaitUntilFinished().
+  // planned shutdown, and the copy from the remote tier at open
+  // (tiers.seed_local) is made; their failures too. Tier::kLocal:
+  // WaitUntilFinished().
   enum class Tier { kLocal, kRemote };
   Status WaitUntilFinished(Tier tier);
   // Blocks until staging memory is resident, so the next save's snapshot

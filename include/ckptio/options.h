@@ -178,6 +178,10 @@ struct Options {
     int64_t remote_every = 1;
     int remote_keep = 3;  // 0 keeps all
     int64_t remote_keep_every = 0;
+    // At open, if the remote tier has a newer step than the local one (a new
+    // machine with an empty disk), copy it into the local tier in the
+    // background.
+    bool seed_local = false;
     friend bool operator==(const Tiers&, const Tiers&) = default;
   } tiers;
 

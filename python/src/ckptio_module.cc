@@ -562,6 +562,7 @@ class PyManager {
     d["replications_failed"] = s.replications_failed;
     d["replications_skipped"] = s.replications_skipped;
     d["bytes_resumed"] = s.bytes_resumed;
+    d["steps_seeded"] = s.steps_seeded;
     return d;
   }
 

@@ -312,6 +312,9 @@ const std::vector<Knob>& Table() {
       Int(CKPTIO_KNOB(tiers.remote_keep), "Checkpoints the remote tier keeps; 0 keeps all.", 0, kIntMax),
       Int64(CKPTIO_KNOB(tiers.remote_keep_every), "Every K-th step is kept forever in the remote tier; 0 = off.", 0,
             kInt64Max),
+      Bool(CKPTIO_KNOB(tiers.seed_local),
+           "At open, when the remote tier has a newer step than the local one (a new machine), copy it into "
+           "the local tier in the background."),
   };
   return table;
 }

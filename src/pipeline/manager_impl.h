@@ -277,11 +277,20 @@ class ManagerImpl {
   // commits it manifest last, and applies the remote retention.
   Task<Status> ReplicateTask(std::string source, int64_t step, std::string manifest);
   Status Replicate(const std::string& source, int64_t step, std::string manifest);
+  // tiers.seed_local, on the replicator thread: copies the remote tier's
+  // committed `step` into this (local) tier, commits it manifest last. A
+  // file of an earlier step this tier lacks is copied as one of this step's.
+  Status SeedFromRemote(int64_t step);
+  Task<Status> SeedTask(int64_t step, std::string manifest_bytes);
+  // On the remote tier's manager: reads file `file` of checkpoint
+  // `checkpoint`, `size` bytes, into dst (in pieces, in parallel).
+  Task<Status> ReadWholeFile(std::string checkpoint, std::string file, char* dst, uint64_t size);
   std::unique_ptr<ManagerImpl> remote_;  // the remote tier, or null
   std::thread replicator_;
   std::condition_variable replication_cv_;    // the queue or replicating_ changed
   std::deque<int64_t> replication_queue_;     // guarded by mu_
-  std::optional<int64_t> replicating_;        // guarded by mu_
+  std::optional<int64_t> replicating_;        // guarded by mu_ (or seeding)
+  std::optional<int64_t> seed_step_;          // guarded by mu_: to copy from the remote tier
   bool stop_replicating_ = false;             // guarded by mu_
   std::vector<Status> replication_errors_;    // guarded by mu_
   std::atomic<bool> warned_written_before_return_{false};

@@ -8,6 +8,7 @@
 
 #include "base/status_macros.h"
 #include "base/unique_fd.h"
+#include "format/crc32c.h"
 #include "pipeline/manager_impl.h"
 #include "pipeline/replication_journal.h"
 #include "runtime/when_all.h"
@@ -92,6 +93,11 @@ Status ManagerImpl::OpenRemoteTier(bool read_only) {
   for (int64_t step : AllSteps()) {
     if (step % options_.tiers.remote_every == 0 && (!newest_remote || step > *newest_remote)) EnqueueReplication(step);
   }
+  // A new machine: the remote tier's newest step is copied here too.
+  if (options_.tiers.seed_local && newest_remote) {
+    const std::optional<int64_t> newest_local = LatestStep();
+    if (!newest_local || *newest_remote > *newest_local) seed_step_ = *newest_remote;
+  }
   replicator_ = std::thread([this] { ReplicatorMain(); });
   return Status::Ok();
 }
@@ -118,13 +124,34 @@ void ManagerImpl::EnqueueReplication(int64_t step) {
 void ManagerImpl::ReplicatorMain() {
   for (;;) {
     int64_t step;
+    bool seed = false;
     {
       std::unique_lock lock(mu_);
-      replication_cv_.wait(lock, [this] { return stop_replicating_ || !replication_queue_.empty(); });
+      replication_cv_.wait(lock, [this] { return stop_replicating_ || seed_step_ || !replication_queue_.empty(); });
       if (stop_replicating_) return;
-      step = replication_queue_.front();
-      replication_queue_.pop_front();
+      if (seed_step_) {
+        step = *std::exchange(seed_step_, std::nullopt);
+        seed = true;
+      } else {
+        step = replication_queue_.front();
+        replication_queue_.pop_front();
+      }
       replicating_ = step;
+    }
+    if (seed) {
+      Status s = SeedFromRemote(step);
+      {
+        std::lock_guard lock(mu_);
+        replicating_.reset();
+        if (s.ok()) {
+          ++stats_.steps_seeded;
+        } else {
+          replication_errors_.push_back(std::move(s).WithContext(
+              "cannot copy step " + std::to_string(step) + " of the remote tier " + remote_->root() + " here"));
+        }
+      }
+      replication_cv_.notify_all();
+      continue;
     }
     // The manifest as committed here, read through this tier's storage.
     Result<std::string> manifest = loop().BlockOn(ReadManifestBytes(step));
@@ -158,6 +185,7 @@ void ManagerImpl::StopReplicator() {
     std::lock_guard lock(mu_);
     stop_replicating_ = true;  // the copy under way finishes; queued ones wait for the next Open
     dropped.swap(replication_queue_);
+    seed_step_.reset();
   }
   replication_cv_.notify_all();
   replicator_.join();
@@ -167,7 +195,7 @@ void ManagerImpl::StopReplicator() {
 Status ManagerImpl::WaitUntilReplicated() {
   if (!remote_) return Status::Ok();
   std::unique_lock lock(mu_);
-  replication_cv_.wait(lock, [this] { return replication_queue_.empty() && !replicating_; });
+  replication_cv_.wait(lock, [this] { return replication_queue_.empty() && !replicating_ && !seed_step_; });
   return JoinFailures(std::exchange(replication_errors_, {}), "copies to the remote tier");
 }
 
@@ -261,6 +289,161 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::s
     committed_.insert(step);
     ++stats_.saves_committed;
     for (const storage::FileImage& image : images) stats_.bytes_committed += image.size;
+  }
+  References refs;
+  AddReferences(m, &refs);
+  refs_[step] = std::move(refs);
+  co_return co_await PruneNow();
+}
+
+
+// ---- seeding the local tier from the remote one (tiers.seed_local) ----
+
+namespace {
+
+constexpr uint64_t kSeedReadPiece = uint64_t{32} << 20;  // ranged reads in parallel
+
+// Anonymous memory for one file at a time of a seeding copy: allocated for
+// the copy (a one-off at open, not per save) and unmapped after it.
+class SeedBuffer {
+ public:
+  static Result<SeedBuffer> Allocate(uint64_t bytes) {
+    SeedBuffer b;
+    if (bytes == 0) return b;
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return ErrnoToStatus(errno, "allocate " + std::to_string(bytes) + " bytes to copy files");
+    b.data_ = static_cast<char*>(p);
+    b.size_ = bytes;
+    return b;
+  }
+  SeedBuffer() = default;
+  SeedBuffer(SeedBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(o.size_) {}
+  SeedBuffer& operator=(SeedBuffer&&) = delete;
+  ~SeedBuffer() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+  }
+  char* data() const { return data_; }
+
+ private:
+  char* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+}  // namespace
+
+Status ManagerImpl::SeedFromRemote(int64_t step) {
+  RETURN_IF_ERROR(remote_->PinStep(step).status());
+  Result<std::string> manifest = remote_->loop().BlockOn(remote_->ReadManifestBytes(step));
+  Status s = manifest.ok() ? loop().BlockOn(SeedTask(step, std::move(manifest).value())) : manifest.status();
+  remote_->Unpin(step);
+  return s;
+}
+
+Task<Status> ManagerImpl::ReadWholeFile(std::string checkpoint, std::string file, char* dst, uint64_t size) {
+  const std::string where = root_ + "/" + checkpoint + "/" + file;
+  auto opened = co_await storage_->OpenFile(checkpoint, file);
+  if (!opened.ok()) co_return std::move(opened).status().WithContext(where);
+  std::unique_ptr<storage::ReadableFile> f = std::move(opened).value();
+  if (f->size() != size) {
+    co_return CorruptionError(where + ": " + std::to_string(f->size()) + " bytes, but the manifest says " +
+                              std::to_string(size));
+  }
+  std::vector<Task<Status>> reads;
+  for (uint64_t at = 0; at < size; at += kSeedReadPiece) {
+    reads.push_back(f->ReadAt(at, dst + at, static_cast<size_t>(std::min(kSeedReadPiece, size - at))));
+  }
+  std::vector<Status> done = co_await WhenAll(std::move(reads));
+  for (Status& r : done) {
+    if (!r.ok()) co_return std::move(r).WithContext(where);
+  }
+  co_return Status::Ok();
+}
+
+Task<Status> ManagerImpl::SeedTask(int64_t step, std::string manifest_bytes) {
+  const std::string name = StepName(step);
+  CO_ASSIGN_OR_RETURN(format::Manifest m,
+                      format::ParseManifest(remote_->root() + "/" + name + "/manifest.json", manifest_bytes));
+  {
+    std::lock_guard lock(mu_);
+    if (committed_.count(step) != 0 || in_flight_steps_.count(step) != 0) co_return Status::Ok();  // here already
+    in_flight_steps_.insert(step);
+  }
+  struct Done {
+    ManagerImpl* self;
+    int64_t step;
+    ~Done() {
+      std::lock_guard lock(self->mu_);
+      self->in_flight_steps_.erase(step);
+    }
+  } done{this, step};
+  // What to copy: this step's files, and the files of earlier steps it uses
+  // that this tier lacks (copied as files of this step, under a name of
+  // their own). A file of an earlier step this tier has stays referenced.
+  std::vector<std::pair<std::string, std::string>> from(m.shards.size());  // (checkpoint, file) there
+  std::vector<bool> copy(m.shards.size(), true);
+  uint64_t largest = 0;
+  bool renamed = false;
+  for (size_t i = 0; i < m.shards.size(); ++i) {
+    format::ManifestShard& s = m.shards[i];
+    from[i] = {s.checkpoint.empty() ? name : s.checkpoint, s.name};
+    if (!s.checkpoint.empty()) {
+      auto here = co_await storage_->OpenFile(s.checkpoint, s.name);
+      if (here.ok() && (*here)->size() == s.bytes) {
+        copy[i] = false;
+        continue;
+      }
+      s.name = s.checkpoint + "." + s.name;
+      s.checkpoint.clear();
+      renamed = true;
+    }
+    largest = std::max(largest, s.bytes);
+  }
+  if (renamed) {
+    m.format_version = format::FormatVersionFor(m);
+    CO_TRY(format::ValidateManifest(name + "/manifest.json (copy of the remote tier's)", m));
+    manifest_bytes = format::SerializeManifest(m);
+  }
+  CO_ASSIGN_OR_RETURN(SeedBuffer buffer, SeedBuffer::Allocate(largest));
+  CO_ASSIGN_OR_RETURN(std::unique_ptr<storage::CheckpointWriter> writer,
+                      co_await storage_->StartCheckpoint(name, /*replace=*/false));
+  Status s;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < m.shards.size() && s.ok(); ++i) {
+    if (!copy[i]) continue;
+    const format::ManifestShard& shard = m.shards[i];
+    Task<Status> read = remote_->ReadWholeFile(from[i].first, from[i].second, buffer.data(), shard.bytes);
+    s = co_await runtime::OnLoop(remote_->loop(), std::move(read));
+    if (!s.ok()) break;
+    // The bytes are checked before they are written here.
+    const uint32_t crc = format::Crc32c(buffer.data(), shard.bytes);
+    if (crc != shard.crc32c) {
+      s = CorruptionError(remote_->root() + "/" + from[i].first + "/" + from[i].second + ": CRC32C " +
+                          format::Crc32cToHex(crc) + ", but the manifest of " + name + " says " +
+                          format::Crc32cToHex(shard.crc32c));
+      break;
+    }
+    runtime::AsyncEvent crc_ready;
+    crc_ready.Set();
+    storage::FileImage image;
+    image.name = shard.name;
+    image.size = shard.bytes;
+    image.crc32c = &crc;
+    image.crc_ready = &crc_ready;
+    if (shard.bytes > 0) image.segments.push_back({0, buffer.data(), shard.bytes, shard.bytes});
+    Task<Status> write = writer->WriteFile(&image);
+    s = co_await std::move(write);
+    bytes += shard.bytes;
+  }
+  if (s.ok()) s = co_await writer->Commit(std::move(manifest_bytes));
+  if (!s.ok()) {
+    Status aborted = co_await writer->Abort();
+    aborted.IgnoreError();
+    co_return s;
+  }
+  {
+    std::lock_guard lock(mu_);
+    committed_.insert(step);
+    stats_.bytes_committed += bytes;
   }
   References refs;
   AddReferences(m, &refs);

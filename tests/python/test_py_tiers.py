@@ -9,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 import ckptio
 
@@ -97,6 +98,7 @@ def test_incremental_steps_copied_to_the_remote_tier_refer_to_what_it_already_ha
 SAVER = """
 import json, sys
 import numpy as np
+import pytest
 import ckptio
 mgr = ckptio.CheckpointManager(sys.argv[1], **json.loads(sys.argv[2]))
 mgr.save(1, {"w": np.arange(1 << 20, dtype=np.float32)})
@@ -181,3 +183,50 @@ def test_a_damaged_journal_or_a_fifo_or_symlink_in_its_place_is_reported_and_the
     blobs = objects(gcs_client, gcs_bucket)
     for step in (1, 2, 3):
         assert f"run/checkpoint_{step}/manifest.json" in blobs
+
+
+def test_a_new_machine_seeds_its_local_tier_from_the_remote_one(tmp_path, gcs_root, small):
+    frozen = np.random.default_rng(5).standard_normal((256, 256)).astype(np.float32)  # 256 KiB
+    first = dict(small, incremental=True, shard_size="256KiB", keep=1, tiers={"remote": gcs_root, "remote_keep": 2})
+    with ckptio.CheckpointManager(str(tmp_path / "old"), **first) as mgr:
+        for step in (1, 2, 3):
+            mgr.save(step, {"base": frozen, "lora": np.full(16, step, np.float32)}, metadata={"step": step})
+            mgr.wait_until_finished(tier="remote")
+    fresh = tmp_path / "fresh"
+    seeding = dict(small, tiers={"remote": gcs_root, "seed_local": True})
+    with ckptio.CheckpointManager(str(fresh), **seeding) as mgr:
+        mgr.wait_until_finished(tier="remote")  # the copies between the tiers, this one included
+        assert mgr.stats()["steps_seeded"] == 1
+    # The local tier alone now has step 3, complete: the frozen shard step 3 refers to (stored by
+    # step 1 in the remote tier) was copied as a file of step 3.
+    with ckptio.CheckpointManager(str(fresh), **small) as mgr:
+        assert mgr.all_steps() == [3]
+        report = mgr.verify()  # raises if a byte or a CRC32C is wrong
+        assert report["step"] == 3 and report["shards"] == 2
+        back = mgr.restore()
+        assert same(back["base"], frozen) and same(back["lora"], np.full(16, 3, np.float32))
+    manifest = json.loads((fresh / "checkpoint_3" / "manifest.json").read_text())
+    assert sorted(s["name"] for s in manifest["shards"]) == ["checkpoint_1.shard-00000.safetensors",
+                                                            "shard-00000.safetensors"]
+    # Opening again seeds nothing: the local tier is as new as the remote one.
+    with ckptio.CheckpointManager(str(fresh), **seeding) as mgr:
+        mgr.wait_until_finished(tier="remote")
+        assert mgr.stats()["steps_seeded"] == 0
+
+
+def test_a_damaged_remote_file_is_not_seeded_and_the_error_names_it(tmp_path, gcs_root, gcs_client, gcs_bucket,
+                                                                     small):
+    tiers = {"remote": gcs_root}
+    with ckptio.CheckpointManager(str(tmp_path / "old"), tiers=tiers, **small) as mgr:
+        mgr.save(7, state(7))
+        mgr.wait_until_finished(tier="remote")
+    blob = next(b for n, b in objects(gcs_client, gcs_bucket).items() if "/shard-" in n)
+    data = bytearray(blob.download_as_bytes())
+    data[-1] ^= 0xFF
+    blob.upload_from_string(bytes(data))
+    fresh = tmp_path / "fresh"
+    with ckptio.CheckpointManager(str(fresh), tiers=dict(tiers, seed_local=True), **small) as mgr:
+        with pytest.raises(ckptio.CorruptionError, match=r"shard-00000.safetensors: CRC32C .* but the manifest"):
+            mgr.wait_until_finished(tier="remote")
+        assert mgr.stats()["steps_seeded"] == 0
+    assert [d for d in os.listdir(fresh) if d.startswith("checkpoint_")] == []
