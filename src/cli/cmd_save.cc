@@ -100,6 +100,7 @@ Status Save(const Args& args) {
   // An import must not delete the root's other checkpoints as a side effect
   // of the trainer's keep policy; `ckptio prune` does that on request.
   options.keep = 0;
+  options.tiers.remote_keep = 0;
   ASSIGN_OR_RETURN(auto manager, CheckpointManager::Open(args.positional(0), options));
   const Clock::time_point start = Clock::now();
   ASSIGN_OR_RETURN(SaveHandle handle, manager->Save(*step, in.tensors, std::move(metadata)));
@@ -109,6 +110,13 @@ Status Save(const Args& args) {
   std::printf("saved step %lld to %s: %zu tensors from %zu files, %s in %s (%s)\n", static_cast<long long>(*step),
               manager->root().c_str(), in.tensors.size(), in.files.size(), HumanBytes(bytes).c_str(),
               HumanSeconds(secs).c_str(), HumanRate(bytes, secs).c_str());
+  if (!options.tiers.remote.empty()) {
+    // A command ends with its work done: the copy to the remote tier too.
+    std::printf("copying step %lld to the remote tier %s\n", static_cast<long long>(*step),
+                options.tiers.remote.c_str());
+    std::fflush(stdout);
+    RETURN_IF_ERROR(manager->WaitUntilFinished(CheckpointManager::Tier::kRemote));
+  }
   if (uint64_t retries = manager->stats().storage_retries) {
     std::printf("%llu request%s retried after transient failures\n", static_cast<unsigned long long>(retries),
                 retries == 1 ? "" : "s");
@@ -123,7 +131,8 @@ int RunSave(CommandArgs argv) {
                    "Commit existing safetensors files as checkpoint N of ROOT (created if needed). The\n"
                    "files are mapped read-only and written without a copy; tensor names must be unique\n"
                    "across them. Without --metadata, the files' __metadata__ becomes the checkpoint's.\n"
-                   "Never prunes other checkpoints (see: ckptio prune).");
+                   "Never prunes other checkpoints (see: ckptio prune). With two tiers (config \"tiers\"), returns\n"
+                   "once the step is copied to the remote tier too.");
   parser.Positional("ROOT", "checkpoint root directory")
       .Flag("step", "N", "the step to commit", ArgParser::Arity::kRequired)
       .Flag("from", "FILE", "a .safetensors input", ArgParser::Arity::kOneOrMore)

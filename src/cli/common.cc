@@ -73,6 +73,10 @@ Result<std::unique_ptr<CheckpointManager>> OpenExistingRoot(const std::string& r
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) {
       int err = errno;
+      if (err == ENOENT && !options.tiers.remote.empty()) {
+        return NotFoundError("checkpoint root " + path + " does not exist (its remote tier is " +
+                             options.tiers.remote + ": `ckptio ls " + options.tiers.remote + "`)");
+      }
       if (err == ENOENT) return NotFoundError("checkpoint root " + path + " does not exist");
       return ErrnoToStatus(err, "cannot open checkpoint root", path);
     }

@@ -382,6 +382,17 @@ check "prune without --keep exits 1" eval 'rc_is 1 && err_has "prune: --keep K i
 run rm nonexistent --step 1
 check "rm in a missing root exits 1" rc_is 1
 
+echo "== two tiers"
+echo '{"tiers": {"remote": "TR", "remote_keep": 1}}' > tiers.json
+run --config tiers.json save TL --step 1 --from a.safetensors
+run --config tiers.json save TL --step 2 --from a.safetensors
+check "save with two tiers returns once the step is in the remote tier" eval 'rc_is 0 && out_has "^copying step 2 to the remote tier TR" && [ -f TR/checkpoint_2/manifest.json ]'
+check "save with two tiers keeps every step in both tiers (no keep policy on import)" [ -f TR/checkpoint_1/manifest.json ]
+run --config tiers.json ls TL
+check "ls shows each step's tiers" eval 'out_has "^step 1 .*\[local, remote\]" && out_has "^step 2 .*\[local, remote\]"'
+run --config tiers.json ls TL-missing
+check "ls of a missing local tier points at the remote one" eval 'rc_is 1 && err_has "TL-missing does not exist \(its remote tier is TR"'
+
 echo "== terminal"
 if command -v script >/dev/null; then
   # script(1) runs the command on a pseudo-terminal: the progress bar shows.
