@@ -877,5 +877,39 @@ TEST_CASE("ReadInOrder checks a tensor's CRC32C before handing over its last pie
   CHECK(handed < ts[0].bytes.size());  // the piece with the bad byte never went out
 }
 
+
+TEST_CASE("two tiers: steps go to the remote directory, and a new local tier is seeded from it") {
+  TempDir dir;
+  Options o = SmallOptions();
+  o.tiers.remote = dir.path() + "/remote";
+  o.tiers.remote_keep = 2;
+  auto ts = State(3, 4, 300'000);  // several shards
+  {
+    auto m = OpenOrDie(dir.path() + "/a", o);
+    for (int64_t step : {1, 2, 3}) {
+      auto refs = Refs(ts);
+      REQUIRE(m->Save(step, refs)->Wait().ok());
+    }
+    REQUIRE(m->WaitUntilFinished(CheckpointManager::Tier::kRemote).ok());
+    CHECK(m->stats().steps_replicated == 3);
+    CHECK(m->AllSteps(CheckpointManager::Tier::kRemote) == std::vector<int64_t>{2, 3});
+  }
+  o.tiers.seed_local = true;
+  {
+    auto m = OpenOrDie(dir.path() + "/b", o);
+    Status waited = m->WaitUntilFinished(CheckpointManager::Tier::kRemote);
+    REQUIRE_MESSAGE(waited.ok(), waited.ToString());
+    CHECK(m->stats().steps_seeded == 1);
+    CHECK(m->AllSteps(CheckpointManager::Tier::kLocal) == std::vector<int64_t>{3});
+  }
+  // The seeded step alone, without the remote tier, restores and verifies.
+  auto local = OpenOrDie(dir.path() + "/b", SmallOptions());
+  auto r = local->Restore();
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  CHECK(r->step == 3);
+  CheckEqual(*r, ts);
+  CHECK(local->Verify(3).ok());
+}
+
 }  // namespace
 }  // namespace ckptio
