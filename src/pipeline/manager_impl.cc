@@ -630,7 +630,7 @@ ManagerStats ManagerImpl::stats() const {
     std::lock_guard lock(mu_);
     s = stats_;
   }
-  s.storage_retries = storage_->retries();
+  s.storage_retries = storage_->retries() + (remote_ ? remote_->storage_->retries() : 0);
   s.bytes_resumed = storage_->bytes_resumed() + (remote_ ? remote_->storage_->bytes_resumed() : 0);
   return s;
 }

@@ -294,6 +294,7 @@ class ManagerImpl {
   bool stop_replicating_ = false;             // guarded by mu_
   std::vector<Status> replication_errors_;    // guarded by mu_
   std::atomic<bool> warned_written_before_return_{false};
+  std::atomic<bool> warned_replication_skipped_{false};
   ManagerStats stats_;
 };
 

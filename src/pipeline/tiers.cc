@@ -117,7 +117,16 @@ void ManagerImpl::EnqueueReplication(int64_t step) {
       ++stats_.replications_skipped;
     }
   }
-  if (dropped) Unpin(*dropped);
+  if (dropped) {
+    Unpin(*dropped);
+    if (!warned_replication_skipped_.exchange(true)) {
+      std::fprintf(stderr,
+                   "ckptio: warning: step %lld is not copied to the remote tier %s: newer steps wait (the copies "
+                   "are slower than the saves; stats()[\"replications_skipped\"] counts every such step, this "
+                   "warning is printed once)\n",
+                   static_cast<long long>(*dropped), remote_->root().c_str());
+    }
+  }
   replication_cv_.notify_all();
 }
 
