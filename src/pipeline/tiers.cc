@@ -61,6 +61,21 @@ class MappedFile {
   uint64_t size_ = 0;
 };
 
+// A file of an earlier step that the destination tier lacks is copied as a
+// file of the step itself, named after its owner
+// ("checkpoint_1.shard-00000.safetensors").
+void AdoptAsOwnFile(format::ManifestShard* s) {
+  s->name = s->checkpoint + "." + s->name;
+  s->checkpoint.clear();
+}
+
+// The bytes of a manifest whose files were adopted, checked again.
+Result<std::string> Reserialize(format::Manifest* m, const std::string& what) {
+  m->format_version = format::FormatVersionFor(*m);
+  RETURN_IF_ERROR(format::ValidateManifest(what, *m));
+  return format::SerializeManifest(*m);
+}
+
 }  // namespace
 
 Status ManagerImpl::OpenRemoteTier(bool read_only) {
@@ -240,8 +255,7 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::s
       auto there = co_await storage_->OpenFile(s.checkpoint, s.name);
       if (there.ok() && (*there)->size() == s.bytes) continue;
       path = source + "/" + s.checkpoint + "/" + s.name;
-      s.name = s.checkpoint + "." + s.name;
-      s.checkpoint.clear();
+      AdoptAsOwnFile(&s);
       renamed = true;
     }
     auto map = MappedFile::Open(path, s.bytes);
@@ -269,9 +283,7 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::s
     };
   }
   if (renamed) {
-    m.format_version = format::FormatVersionFor(m);
-    CO_TRY(format::ValidateManifest(name + "/manifest.json (remote copy)", m));
-    manifest_bytes = format::SerializeManifest(m);
+    CO_ASSIGN_OR_RETURN(manifest_bytes, Reserialize(&m, name + "/manifest.json (remote copy)"));
   }
   CO_ASSIGN_OR_RETURN(std::unique_ptr<storage::CheckpointWriter> writer,
                       co_await storage_->StartCheckpoint(name, /*replace=*/false));
@@ -401,16 +413,13 @@ Task<Status> ManagerImpl::SeedTask(int64_t step, std::string manifest_bytes) {
         copy[i] = false;
         continue;
       }
-      s.name = s.checkpoint + "." + s.name;
-      s.checkpoint.clear();
+      AdoptAsOwnFile(&s);
       renamed = true;
     }
     largest = std::max(largest, s.bytes);
   }
   if (renamed) {
-    m.format_version = format::FormatVersionFor(m);
-    CO_TRY(format::ValidateManifest(name + "/manifest.json (copy of the remote tier's)", m));
-    manifest_bytes = format::SerializeManifest(m);
+    CO_ASSIGN_OR_RETURN(manifest_bytes, Reserialize(&m, name + "/manifest.json (copy of the remote tier's)"));
   }
   CO_ASSIGN_OR_RETURN(SeedBuffer buffer, SeedBuffer::Allocate(largest));
   CO_ASSIGN_OR_RETURN(std::unique_ptr<storage::CheckpointWriter> writer,
