@@ -130,7 +130,8 @@ class CheckpointManager:
         wait (KeyboardInterrupt); the saves carry on in the background.
         With two tiers (config "tiers"), tier="remote" also waits until the
         committed steps are copied to the remote tier (before a planned
-        shutdown, say); its failures are raised too."""
+        shutdown, say), and the copy of the remote tier's newest step into
+        this one (tiers.seed_local) is made; their failures are raised too."""
         if tier == "local":
             self._m.wait_until_finished()
         elif tier == "remote":
