@@ -93,6 +93,18 @@ typedef struct ckptio_tensor {
   const void* data;      /* may be NULL only for a zero-byte tensor */
 } ckptio_tensor;
 
+/* Where a tensor sits when it is one chunk of a larger array (a shard of a
+ * sharded jax.Array): the array's name and global shape, and the chunk's
+ * first index on each axis (its extent is the tensor's shape). The chunks of
+ * one array, from every process of a save, must tile it exactly. A chunk's
+ * tensor name is "<array>@<start,...>", e.g. "params/w@0,128". */
+typedef struct ckptio_chunk {
+  const char* array;            /* NULL: the tensor is a whole array of its own */
+  size_t ndim;                  /* the array's rank: the tensor's ndim */
+  const uint64_t* global_shape; /* ndim entries */
+  const uint64_t* start;        /* ndim entries */
+} ckptio_chunk;
+
 /* A caller buffer to restore into: dtype and shape must match the checkpoint. */
 typedef struct ckptio_mutable_tensor {
   const char* name;
@@ -144,6 +156,13 @@ CKPTIO_C_API ckptio_status ckptio_save(ckptio_manager* manager, int64_t step, co
 /* Blocks until no save is in flight (committed and pruned). Returns the first
  * background failure not reported yet, if any. */
 CKPTIO_C_API ckptio_status ckptio_wait(ckptio_manager* manager);
+/* ckptio_save() for tensors some of which are chunks of larger arrays:
+ * chunks[i] says where tensors[i] sits (chunks[i].array NULL: a whole array;
+ * chunks NULL: every tensor is). A chunk's tensor name must be
+ * "<array>@<start,...>"; its name in tensors[i] may also be NULL, then it is
+ * made so. */
+CKPTIO_C_API ckptio_status ckptio_save_chunks(ckptio_manager* manager, int64_t step, const ckptio_tensor* tensors,
+                                              const ckptio_chunk* chunks, size_t count, const char* metadata_json);
 
 /* The newest committed step in *step; CKPTIO_NOT_FOUND if there is none. */
 CKPTIO_C_API ckptio_status ckptio_latest_step(ckptio_manager* manager, int64_t* step);
@@ -183,6 +202,10 @@ CKPTIO_C_API ckptio_status ckptio_checkpoint_tensor(const ckptio_checkpoint* che
 /* The tensor called `name` into *out; CKPTIO_NOT_FOUND if there is none. */
 CKPTIO_C_API ckptio_status ckptio_checkpoint_find(const ckptio_checkpoint* checkpoint, const char* name,
                                                   ckptio_tensor* out);
+/* Where tensor `index` sits in its array (*out's array is NULL for a tensor
+ * that is a whole array of its own). */
+CKPTIO_C_API ckptio_status ckptio_checkpoint_chunk(const ckptio_checkpoint* checkpoint, size_t index,
+                                                   ckptio_chunk* out);
 /* NULL is allowed. */
 CKPTIO_C_API void ckptio_checkpoint_free(ckptio_checkpoint* checkpoint);
 

@@ -92,6 +92,7 @@ struct Tensor {
   DType dtype = DType::kF32;
   std::vector<uint64_t> shape;
   Bytes bytes;
+  ChunkOf chunk = {};  // set when the tensor is one chunk of a larger array
 };
 
 }  // namespace ckptio

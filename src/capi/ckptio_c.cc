@@ -194,6 +194,11 @@ void ckptio_close(ckptio_manager* manager) {
 
 ckptio_status ckptio_save(ckptio_manager* manager, int64_t step, const ckptio_tensor* tensors, size_t count,
                           const char* metadata_json) {
+  return ckptio_save_chunks(manager, step, tensors, nullptr, count, metadata_json);
+}
+
+ckptio_status ckptio_save_chunks(ckptio_manager* manager, int64_t step, const ckptio_tensor* tensors,
+                                 const ckptio_chunk* chunks, size_t count, const char* metadata_json) {
   return Guard([&]() -> Status {
     if (manager == nullptr) return NullArgument("manager");
     if (tensors == nullptr && count > 0) return NullArgument("tensors");
@@ -201,11 +206,28 @@ ckptio_status ckptio_save(ckptio_manager* manager, int64_t step, const ckptio_te
     refs.reserve(count);
     for (size_t i = 0; i < count; ++i) {
       const ckptio_tensor& t = tensors[i];
-      if (t.name == nullptr) return ckptio::InvalidArgumentError("tensor " + std::to_string(i) + ": name is NULL");
-      RETURN_IF_ERROR(CheckDType(t.dtype, t.name));
-      RETURN_IF_ERROR(CheckShape(t.ndim, t.shape, t.name));
-      refs.push_back({t.name, static_cast<ckptio::DType>(t.dtype),
-                      std::vector<uint64_t>(t.shape, t.shape + t.ndim), t.data});
+      const bool chunk = chunks != nullptr && chunks[i].array != nullptr;
+      if (t.name == nullptr && !chunk) {
+        return ckptio::InvalidArgumentError("tensor " + std::to_string(i) + ": name is NULL");
+      }
+      const std::string name = t.name != nullptr ? t.name : "chunk " + std::to_string(i) + " of " + chunks[i].array;
+      RETURN_IF_ERROR(CheckDType(t.dtype, name.c_str()));
+      RETURN_IF_ERROR(CheckShape(t.ndim, t.shape, name.c_str()));
+      ckptio::TensorRef ref{t.name != nullptr ? t.name : "", static_cast<ckptio::DType>(t.dtype),
+                            std::vector<uint64_t>(t.shape, t.shape + t.ndim), t.data};
+      if (chunk) {
+        const ckptio_chunk& c = chunks[i];
+        if (c.ndim != t.ndim) {
+          return ckptio::InvalidArgumentError("tensor \"" + name + "\": its chunk has " + std::to_string(c.ndim) +
+                                              " axes, the tensor " + std::to_string(t.ndim));
+        }
+        if (c.ndim > 0 && (c.global_shape == nullptr || c.start == nullptr)) {
+          return ckptio::InvalidArgumentError("tensor \"" + name + "\": its chunk's global_shape or start is NULL");
+        }
+        ref.chunk = {c.array, std::vector<uint64_t>(c.global_shape, c.global_shape + c.ndim),
+                     std::vector<uint64_t>(c.start, c.start + c.ndim)};
+      }
+      refs.push_back(std::move(ref));
     }
     auto handle = manager->impl->Save(step, refs, metadata_json == nullptr ? "{}" : metadata_json);
     return handle.status();
@@ -333,6 +355,25 @@ ckptio_status ckptio_checkpoint_find(const ckptio_checkpoint* checkpoint, const 
                                    std::to_string(checkpoint->restored.step));
     }
     FillView(*checkpoint, it->second, out);
+    return Status::Ok();
+  });
+}
+
+ckptio_status ckptio_checkpoint_chunk(const ckptio_checkpoint* checkpoint, size_t index, ckptio_chunk* out) {
+  return Guard([&]() -> Status {
+    if (checkpoint == nullptr) return NullArgument("checkpoint");
+    if (out == nullptr) return NullArgument("out");
+    if (index >= checkpoint->restored.tensors.size()) {
+      return ckptio::InvalidArgumentError("tensor index " + std::to_string(index) + " out of range: the checkpoint has " +
+                                          std::to_string(checkpoint->restored.tensors.size()) + " tensors");
+    }
+    const ckptio::ChunkOf& c = checkpoint->restored.tensors[index].chunk;
+    *out = {};
+    if (c.empty()) return Status::Ok();
+    out->array = c.array.c_str();
+    out->ndim = c.start.size();
+    out->global_shape = c.global_shape.empty() ? nullptr : c.global_shape.data();
+    out->start = c.start.empty() ? nullptr : c.start.data();
     return Status::Ok();
   });
 }

@@ -75,7 +75,7 @@ Task<Result<RestoredCheckpoint>> ManagerImpl::RestoreTask(int64_t step, const Pr
       co_return ResourceExhaustedError(c.path + ": cannot allocate " + FormatBytes(t.bytes) + " for tensor \"" +
                                        t.name + "\"");
     }
-    out.tensors.push_back({t.name, t.dtype, t.shape, std::move(bytes)});
+    out.tensors.push_back({t.name, t.dtype, t.shape, std::move(bytes), t.chunk});
     indices.push_back(i);
     dsts.push_back(reinterpret_cast<char*>(out.tensors.back().bytes.data()));
   }
