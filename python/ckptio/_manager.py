@@ -238,11 +238,16 @@ class CheckpointManager:
             self._m.refresh()
         return self._m.latest_step()
 
-    def all_steps(self):
-        """Committed steps, ascending."""
+    def all_steps(self, tier=None):
+        """Committed steps, ascending: of either tier (two tiers, config
+        "tiers"), or of tier="local" or tier="remote" only."""
         if self._m.read_only:
             self._m.refresh()
-        return list(self._m.all_steps())
+        if tier is None:
+            return list(self._m.all_steps())
+        if tier not in ("local", "remote"):
+            raise ValueError(f"tier must be 'local' or 'remote', got {tier!r}")
+        return list(self._m.tier_steps(tier == "remote"))
 
     def info(self, step):
         return self._m.info(_check_step(step))

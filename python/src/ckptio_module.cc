@@ -502,6 +502,9 @@ class PyManager {
   }
 
   std::vector<int64_t> AllSteps() { return Get()->AllSteps(); }
+  std::vector<int64_t> TierSteps(bool remote) {
+    return Get()->AllSteps(remote ? CheckpointManager::Tier::kRemote : CheckpointManager::Tier::kLocal);
+  }
   std::optional<int64_t> LatestStep() { return Get()->LatestStep(); }
 
   void Refresh() {
@@ -775,6 +778,7 @@ PYBIND11_MODULE(_ckptio, m) {
       .def("abandon", &PyManager::Abandon)
       .def("restore", &PyManager::Restore, py::arg("step"), py::arg("numpy_dtypes"))
       .def("all_steps", &PyManager::AllSteps)
+      .def("tier_steps", &PyManager::TierSteps, py::arg("remote"))
       .def("latest_step", &PyManager::LatestStep)
       .def("refresh", &PyManager::Refresh)
       .def("delete", &PyManager::Delete, py::arg("step"))

@@ -37,6 +37,9 @@ def test_committed_steps_are_copied_to_the_remote_tier_which_keeps_its_own(tmp_p
         assert mgr.stats()["steps_replicated"] == 4
         assert sorted(d for d in os.listdir(local) if d.startswith("checkpoint_")) == ["checkpoint_3", "checkpoint_4"]
         assert mgr.all_steps() == [2, 3, 4]  # step 2 only in the remote tier now
+        assert mgr.all_steps(tier="local") == [3, 4] and mgr.all_steps(tier="remote") == [2, 3, 4]
+        with pytest.raises(ValueError, match="tier must be"):
+            mgr.all_steps(tier="gcs")
         assert same(mgr.restore(2)["w"], state(2)["w"])
         assert same(mgr.restore()["b"], state(4)["b"])
     blobs = objects(gcs_client, gcs_bucket)
