@@ -124,12 +124,19 @@ void ManagerImpl::EnqueueReplication(int64_t step) {
     readers_.insert(step);  // not pruned here before it is copied
     replication_queue_.push_back(step);
     // More waiting than the remote tier would keep: the oldest is dropped
-    // (the copies never catch up with the saves; counted, not silent).
-    const size_t bound = static_cast<size_t>(std::max(options_.tiers.remote_keep, 1)) + 1;
-    if (replication_queue_.size() > bound) {
-      dropped = replication_queue_.front();
-      replication_queue_.pop_front();
-      ++stats_.replications_skipped;
+    // (the copies never catch up with the saves; counted, not silent). A
+    // remote tier that keeps every step (remote_keep 0) gets every step, and
+    // a step it keeps forever (remote_keep_every) is never dropped.
+    const size_t bound = static_cast<size_t>(options_.tiers.remote_keep) + 1;
+    const int64_t forever = options_.tiers.remote_keep_every;
+    if (options_.tiers.remote_keep > 0 && replication_queue_.size() > bound) {
+      auto oldest = std::find_if(replication_queue_.begin(), replication_queue_.end(),
+                                 [forever](int64_t s) { return forever <= 0 || s % forever != 0; });
+      if (oldest != replication_queue_.end()) {
+        dropped = *oldest;
+        replication_queue_.erase(oldest);
+        ++stats_.replications_skipped;
+      }
     }
   }
   if (dropped) {
