@@ -15,6 +15,7 @@ Control API (JSON), on the same port, never forwarded:
     POST /__proxy/rules                  [rule, ...] or {"rules": [...], "append": false}: set the rules
     GET  /__proxy/rules                  the rules with their counters ("seen", "fired")
     POST /__proxy/reset                  clear rules, log and settings ({"keep_settings": true} keeps them)
+    POST /__proxy/release                {"name": N}: let the requests a "hold": N rule holds go on
     GET  /__proxy/log[?since=ID]         {"entries": [...], "next": ID}: requests seen (oldest first)
     GET  /__proxy/settings, POST /__proxy/settings   global latency/bandwidth/auth settings
 
@@ -49,6 +50,9 @@ A rule (all keys optional; unknown keys are rejected with 400):
                    cut after the upstream committed the request).
                "corrupt_response_byte": K | [K, ...]   flip (xor 0xFF) response body byte(s).
                "latency_ms": ms   delay before forwarding.
+               "hold": "name"   hold the request (nothing forwarded, nothing answered) until the test
+                   releases that name (POST /__proxy/release {"name": ...}, or release() in-process; a
+                   reset releases every hold), then carry on with the request: a copy the test pauses.
                "bandwidth_bytes_per_s": B   shape this request's body and its response body.
                "require_bearer": ["tok", ...] | "issued"   answer 401 unless the request carries
                    "Authorization: Bearer <tok>" with an allowed token ("issued": any unexpired
@@ -98,7 +102,7 @@ LOGGED_RESPONSE_HEADERS = ("range", "location", "content-range", "content-length
 RULE_KEYS = {"id", "method", "path", "headers", "nth", "times", "skip", "status", "message", "body",
              "response_headers", "after_forward", "drain", "reset_after_request_bytes", "forward_partial",
              "stall_seconds", "stall_then", "cut_response_after", "corrupt_response_byte", "latency_ms",
-             "bandwidth_bytes_per_s", "require_bearer", "echo_request_headers", "truncate_response_body"}
+             "bandwidth_bytes_per_s", "require_bearer", "echo_request_headers", "truncate_response_body", "hold"}
 SETTING_KEYS = {"latency_ms", "bandwidth_bytes_per_s", "upload_bytes_per_s", "download_bytes_per_s",
                 "require_bearer"}
 REASONS = {400: "badRequest", 401: "authError", 403: "forbidden", 404: "notFound", 408: "requestTimeout",
@@ -346,6 +350,20 @@ class ProxyState:
         self.settings: dict[str, Any] = {}
         self.buckets: dict[str, TokenBucket] = {}
         self.token_validator = token_validator
+        self.holds: dict[str, threading.Event] = {}
+
+    def hold(self, name: str) -> threading.Event:
+        with self.lock:
+            return self.holds.setdefault(name, threading.Event())
+
+    def release(self, name: str | None = None):
+        """Releases the holds called `name` (None: every hold), now and for later requests."""
+        with self.lock:
+            if name is not None:
+                self.holds.setdefault(name, threading.Event())
+            for n, ev in self.holds.items():
+                if name is None or n == name:
+                    ev.set()
 
     def set_rules(self, specs: list[dict], append: bool = False):
         if not isinstance(specs, list):
@@ -376,9 +394,11 @@ class ProxyState:
                 self.buckets["down"] = TokenBucket(down)
 
     def reset(self, keep_settings: bool = False):
+        self.release()
         with self.lock:
             self.rules = []
             self.log = []
+            self.holds = {}
         if not keep_settings:
             with self.lock:
                 self.settings = {}
@@ -564,6 +584,10 @@ class FaultProxy:
     def log(self, since: int = 0) -> list[dict]:
         return self.state.log_snapshot(since)["entries"]
 
+    def release(self, name: str):
+        """Lets the requests held by "hold": name rules go on (and later ones pass)."""
+        self.state.release(name)
+
     def rules(self) -> list[dict]:
         with self.state.lock:
             return [r.describe() for r in self.state.rules]
@@ -682,6 +706,11 @@ class FaultProxy:
             elif path == "/__proxy/reset" and method == "POST":
                 st.reset(bool((payload or {}).get("keep_settings")) if isinstance(payload, dict) else False)
                 out = {"ok": True}
+            elif path == "/__proxy/release" and method == "POST":
+                if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+                    raise ControlError('release needs {"name": "..."}')
+                st.release(payload["name"])
+                out = {"ok": True}
             elif path == "/__proxy/log" and method == "GET":
                 out = st.log_snapshot(int((q.get("since") or ["0"])[0]))
             elif path == "/__proxy/settings" and method == "POST":
@@ -789,6 +818,13 @@ class FaultProxy:
                                       {"WWW-Authenticate": 'Bearer realm="https://accounts.google.com/"',
                                        **(spec.get("response_headers") or {})},
                                       drain=spec.get("drain", True), count_up=count_up)
+
+        # hold until the test releases it
+        if spec.get("hold") is not None:
+            entry["action"] = "hold"
+            released = self.state.hold(str(spec["hold"]))
+            while not released.is_set():
+                await asyncio.sleep(0.01)
 
         # stall before forwarding
         if spec.get("stall_seconds") is not None and not after_forward:
@@ -1119,6 +1155,9 @@ class ProxyClient:
 
     def log(self, since: int = 0) -> list[dict]:
         return self._call("GET", f"/__proxy/log?since={since}")["entries"]
+
+    def release(self, name: str):
+        return self._call("POST", "/__proxy/release", {"name": name})
 
     def rules(self) -> list[dict]:
         return self._call("GET", "/__proxy/rules")["rules"]

@@ -545,3 +545,21 @@ def test_standalone_proxy_streams_without_buffering(tmp_path):
         proc.stdout.close()
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_held_request_waits_for_its_release_then_goes_on(gcs_proxy, gcs_emulator, gcs_bucket):
+    gcs_proxy.set_rules([{"id": "pause", "method": "POST", "path": "uploadType=media", "hold": "copy"}])
+    raw = Raw(gcs_proxy.url)
+    answers = []
+    t = threading.Thread(target=lambda: answers.append(raw.request(
+        "POST", f"/upload/storage/v1/b/{gcs_bucket}/o?uploadType=media&name=held", b"held bytes",
+        {"Content-Type": "application/octet-stream"})))
+    t.start()
+    wait_until(lambda: gcs_proxy.rules()[0]["fired"] == 1, "the held request")
+    # Held: not answered, not forwarded.
+    assert answers == [] and [e["forwarded"] for e in gcs_proxy.log()] == [False]
+    ProxyClient(gcs_proxy.url).release("copy")
+    t.join(30)
+    assert answers and answers[0][0] == 200
+    assert gcs_emulator.read("held", gcs_bucket) == b"held bytes"
+    assert gcs_proxy.log()[0]["action"] == "hold"

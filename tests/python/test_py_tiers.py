@@ -233,3 +233,34 @@ def test_a_damaged_remote_file_is_not_seeded_and_the_error_names_it(tmp_path, gc
             mgr.wait_until_finished(tier="remote")
         assert mgr.stats()["steps_seeded"] == 0
     assert [d for d in os.listdir(fresh) if d.startswith("checkpoint_")] == []
+
+
+def test_copies_that_fall_behind_skip_the_oldest_waiting_step_never_a_kept_forever_one_nor_with_keep_all(
+        tmp_path, gcs_root, gcs_proxy, small, capfd):
+    def run(name, **tiers):
+        # The copy of step 1 is held at the proxy while steps 2-5 commit locally.
+        gcs_proxy.set_rules([{"id": "first", "method": "POST", "path": "/upload/", "times": 1, "hold": name}])
+        remote = f"{gcs_root}-{name}"
+        with ckptio.CheckpointManager(str(tmp_path / name), tiers=dict(tiers, remote=remote), **small) as mgr:
+            mgr.save(1, state(1))
+            mgr.wait_until_finished()
+            deadline = time.monotonic() + 120
+            while not gcs_proxy.rules()[0]["fired"] and time.monotonic() < deadline:
+                time.sleep(0.02)  # polls the proxy's counter
+            for step in range(2, 6):
+                mgr.save(step, state(step))
+                mgr.wait_until_finished()
+            gcs_proxy.release(name)
+            mgr.wait_until_finished(tier="remote")
+            return mgr.stats(), mgr.all_steps(tier="remote")
+
+    # Two may wait (remote_keep + 1): step 3 is skipped at step 4, step 5 at step 5 (2 and 4 are
+    # kept forever by remote_keep_every 2).
+    stats, remote = run("bounded", remote_keep=1, remote_keep_every=2)
+    assert stats["replications_skipped"] == 2 and stats["steps_replicated"] == 3
+    assert remote == [2, 4]  # step 1 copied, then pruned there
+    err = capfd.readouterr().err
+    assert err.count("is not copied to the remote tier") == 1 and "step 3 is not copied" in err
+    # remote_keep 0 keeps every step: none is skipped.
+    stats, remote = run("all", remote_keep=0)
+    assert stats["replications_skipped"] == 0 and remote == [1, 2, 3, 4, 5]
