@@ -66,8 +66,10 @@ ReplicationJournal ReplicationJournal::Load(std::string local_root, std::string 
     } else if (doc["remote"].get<std::string>() != j.remote_ || doc["step"].get<int64_t>() != step) {
       return j;  // an earlier copy, of another step or to another root: nothing to resume
     } else {
-      for (const auto& [file, session] : doc["sessions"].items()) {
-        if (session.is_string()) j.sessions_[file] = session.get<std::string>();
+      for (const auto& [file, u] : doc["sessions"].items()) {
+        const bool ok = u.is_object() && u.contains("uri") && u["uri"].is_string() && u.contains("bytes") &&
+                        u["bytes"].is_number_unsigned() && u.contains("crc32c") && u["crc32c"].is_number_unsigned();
+        if (ok) j.sessions_[file] = {u["uri"].get<std::string>(), u["bytes"].get<uint64_t>(), u["crc32c"].get<uint32_t>()};
       }
       return j;
     }
@@ -81,22 +83,25 @@ ReplicationJournal::ReplicationJournal(ReplicationJournal&& o) noexcept
     : local_root_(std::move(o.local_root_)), remote_(std::move(o.remote_)), step_(o.step_),
       sessions_(std::move(o.sessions_)) {}
 
-std::string ReplicationJournal::Session(const std::string& file) const {
+std::string ReplicationJournal::Session(const std::string& file, uint64_t bytes, uint32_t crc) const {
   std::lock_guard lock(mu_);
   auto it = sessions_.find(file);
-  return it == sessions_.end() ? std::string() : it->second;
+  if (it == sessions_.end() || it->second.bytes != bytes || it->second.crc != crc) return std::string();
+  return it->second.session;
 }
 
-Status ReplicationJournal::Record(const std::string& file, const std::string& session) {
+Status ReplicationJournal::Record(const std::string& file, uint64_t bytes, uint32_t crc, const std::string& session) {
   std::lock_guard lock(mu_);
-  sessions_[file] = session;
+  sessions_[file] = {session, bytes, crc};
   Status s = WriteLocked();
   if (!s.ok()) return s.WithContext("cannot record the upload session of " + file);
   return s;
 }
 
 Status ReplicationJournal::WriteLocked() {
-  nlohmann::json doc = {{"remote", remote_}, {"step", step_}, {"sessions", sessions_}};
+  nlohmann::json sessions = nlohmann::json::object();
+  for (const auto& [file, u] : sessions_) sessions[file] = {{"uri", u.session}, {"bytes", u.bytes}, {"crc32c", u.crc}};
+  nlohmann::json doc = {{"remote", remote_}, {"step", step_}, {"sessions", std::move(sessions)}};
   const std::string text = doc.dump(1) + "\n";
   const std::string path = Path();
   const std::string tmp = path + ".tmp";

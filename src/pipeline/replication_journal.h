@@ -1,7 +1,9 @@
 #pragma once
 // The copy to the remote tier under way, kept durably in the local tier
 // (ROOT/.ckptio-replication.json): the step, the remote root and the upload
-// session of each file, recorded before the session's first byte is sent. A
+// session of each file (with the file's size and CRC32C: a step saved again
+// since, with other bytes, resumes nothing), recorded before the session's
+// first byte is sent. A
 // process killed mid-copy leaves it behind; the next one copying the same
 // step to the same root asks those sessions what the server has and sends
 // only the rest, instead of starting the uploads again. Session URIs let
@@ -32,11 +34,11 @@ class ReplicationJournal {
 
   ReplicationJournal(ReplicationJournal&& o) noexcept;
 
-  // The session recorded for `file`, or "".
-  std::string Session(const std::string& file) const;
+  // The session recorded for `file` of `bytes` bytes with CRC32C `crc`, or "".
+  std::string Session(const std::string& file, uint64_t bytes, uint32_t crc) const;
   // Records `session` for `file`, durably (written aside, fsynced, renamed
   // over the journal, directory fsynced) before returning.
-  Status Record(const std::string& file, const std::string& session);
+  Status Record(const std::string& file, uint64_t bytes, uint32_t crc, const std::string& session);
   // The copy ended (committed, or failed and undone): forgets it.
   Status Clear();
 
@@ -50,7 +52,12 @@ class ReplicationJournal {
   std::string remote_;
   int64_t step_;
   mutable std::mutex mu_;
-  std::map<std::string, std::string> sessions_;  // guarded by mu_
+  struct Upload {
+    std::string session;
+    uint64_t bytes = 0;
+    uint32_t crc = 0;
+  };
+  std::map<std::string, Upload> sessions_;  // guarded by mu_; by file
 };
 
 }  // namespace ckptio::pipeline

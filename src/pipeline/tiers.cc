@@ -284,9 +284,10 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::s
   for (size_t i = 0; i < images.size(); ++i) {
     images[i].crc32c = &crcs[i];
     images[i].crc_ready = &crc_ready;
-    images[i].resume_session = journal.Session(images[i].name);
-    images[i].record_session = [&journal, file = images[i].name](const std::string& session) {
-      return journal.Record(file, session);
+    images[i].resume_session = journal.Session(images[i].name, images[i].size, crcs[i]);
+    images[i].record_session = [&journal, file = images[i].name, bytes = images[i].size,
+                                crc = crcs[i]](const std::string& session) {
+      return journal.Record(file, bytes, crc, session);
     };
   }
   if (renamed) {

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptio/checkpoint_manager.h"
+#include "pipeline/replication_journal.h"
 #include "base/dtype.h"
 #include "storage/local_storage.h"
 #include "test_util.h"
@@ -909,6 +910,28 @@ TEST_CASE("two tiers: steps go to the remote directory, and a new local tier is 
   CHECK(r->step == 3);
   CheckEqual(*r, ts);
   CHECK(local->Verify(3).ok());
+}
+
+
+TEST_CASE("the replication journal resumes a session only for the same step, remote root and file bytes") {
+  TempDir dir;
+  const std::string uri = "http://127.0.0.1:9/upload/storage/v1/b/b/o?upload_id=1";
+  auto j = pipeline::ReplicationJournal::Load(dir.path(), "gs://b/r", 7);
+  CHECK(j.Session("shard-00000.safetensors", 10, 1).empty());
+  REQUIRE(j.Record("shard-00000.safetensors", 10, 1, uri).ok());
+  const std::string path = dir.path() + "/" + pipeline::ReplicationJournal::kFileName;
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);  // a session URI lets its holder upload
+  auto again = pipeline::ReplicationJournal::Load(dir.path(), "gs://b/r", 7);
+  CHECK(again.Session("shard-00000.safetensors", 10, 1) == uri);
+  CHECK(again.Session("shard-00000.safetensors", 10, 2).empty());  // the step was saved again, other bytes
+  CHECK(again.Session("shard-00000.safetensors", 11, 1).empty());
+  CHECK(again.Session("shard-00001.safetensors", 10, 1).empty());
+  CHECK(pipeline::ReplicationJournal::Load(dir.path(), "gs://b/r", 8).Session("shard-00000.safetensors", 10, 1).empty());
+  CHECK(pipeline::ReplicationJournal::Load(dir.path(), "gs://b/x", 7).Session("shard-00000.safetensors", 10, 1).empty());
+  REQUIRE(again.Clear().ok());
+  CHECK(::access(path.c_str(), F_OK) != 0);
 }
 
 }  // namespace

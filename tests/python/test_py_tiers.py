@@ -140,8 +140,9 @@ def test_a_copy_killed_mid_upload_resumes_its_session_and_sends_only_the_missing
     # The session was recorded in the local tier before its first byte was sent.
     journal = json.loads((local / ".ckptio-replication.json").read_text())
     assert journal["step"] == 1 and journal["remote"] == gcs_root
-    [(shard, session)] = journal["sessions"].items()
-    upload_id = re.search(r"upload_id=([^&]+)", session).group(1)
+    [(shard, recorded)] = journal["sessions"].items()
+    assert recorded["bytes"] == (local / "checkpoint_1" / shard).stat().st_size
+    upload_id = re.search(r"upload_id=([^&]+)", recorded["uri"]).group(1)
     assert oct((local / ".ckptio-replication.json").stat().st_mode & 0o777) == "0o600"
 
     # A new process on the same local tier takes the copy up where the server's session stands.
