@@ -101,16 +101,20 @@ build-fuzz: deps $(FUZZ_BUILD)/build.ninja
 demo: build
 	$(BUILD)/src/cli/ckptio demo $(DEMO_ARGS)
 
-# The sanitizer and fuzz builds compile in the background, at a lower priority (nice), while
-# build/'s tests and the Python tests run: those wait on processes, disks and sockets more than
-# they compute, and the compilers take the CPU they leave. Then the sanitizer tests and the fuzz run.
-test: venv build $(ASAN_BUILD)/build.ninja $(TSAN_BUILD)/build.ninja $(FUZZ_BUILD)/build.ninja
+# The sanitizer and fuzz builds compile in the background, at a lower priority (nice), from the
+# start: while pip fetches the test packages (network), build/ compiles (at normal priority),
+# and build/'s tests and the Python tests run (those wait on processes, disks and sockets more
+# than they compute), the compilers take the CPU the rest leaves. Then the sanitizer tests and
+# the fuzz run.
+test: deps $(ASAN_BUILD)/build.ninja $(TSAN_BUILD)/build.ninja $(FUZZ_BUILD)/build.ninja
 	@rc=0; \
 	step() { local name=$$1 t=$$SECONDS; shift; "$$@" || rc=1; \
 	  echo "make test: $$name took $$((SECONDS - t)) s" >&2; }; \
-	log=$(BUILD)/sanitizer-builds.log; \
+	log=$(ASAN_BUILD)/sanitizer-builds.log; \
 	echo "make test: building $(ASAN_BUILD), $(TSAN_BUILD) and $(FUZZ_BUILD) in the background (log: $$log)" >&2; \
 	nice -n 10 $(MAKE) --no-print-directory build-asan build-tsan build-fuzz > $$log 2>&1 & bg=$$!; t0=$$SECONDS; \
+	if ! $(MAKE) --no-print-directory venv build; then wait $$bg; exit 1; fi; \
+	echo "make test: the venv and $(BUILD) were ready $$((SECONDS - t0)) s after the start" >&2; \
 	step "$(BUILD) tests" meson test -C $(BUILD) --print-errorlogs --num-processes 2; \
 	step "python tests" env CKPTIO_BIN=$(BUILD)/src/cli/ckptio $(PYTHON) -m pytest -q tests/integration \
 	  tests/gcs tests/python --junitxml=$(BUILD)/pytest.xml -p no:cacheprovider; \
