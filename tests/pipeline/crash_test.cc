@@ -33,7 +33,7 @@ pid_t StartSaver(const std::string& exe, const std::string& root, const char* mo
   return pid;
 }
 
-// CKPTIO_KILLS sets the number of kills (make test: 36, 12 per mode; tests/soak/sigkill_soak.sh: 1,000).
+// CKPTIO_KILLS sets the number of kills (make test: 24, 8 per mode; tests/soak/sigkill_soak.sh: 1,000).
 // The saver's rounds cycle through three modes: whole saves; incremental
 // saves, which refer to the shards of earlier steps (the rounds after, and
 // recovery, prune with those references on disk); and two tiers, which copy
@@ -43,7 +43,7 @@ TEST_CASE("a saver SIGKILLed at random moments always leaves the previous or the
   const char* exe = std::getenv("CKPTIO_CRASH_SAVER");
   REQUIRE_MESSAGE(exe != nullptr, "CKPTIO_CRASH_SAVER must name the crash_saver binary");
   const char* kills_env = std::getenv("CKPTIO_KILLS");
-  const int kills = kills_env != nullptr ? std::atoi(kills_env) : 36;
+  const int kills = kills_env != nullptr ? std::atoi(kills_env) : 24;
   int torn = 0, lost = 0, restored = 0;
   testing::TempDir dir;
   const unsigned seed = std::random_device{}();

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -304,12 +305,16 @@ TEST_CASE("a power cut at every point of incremental saves and prunes loses no f
   CHECK_FALSE(fs::exists(disk.path() + "/checkpoint_1/manifest.json"));
 }
 
-TEST_CASE("a randomized sweep of 1,000 power cuts over random workloads") {
+// CKPTIO_POWER_CUTS sets the number of cuts (make test: 400, with the
+// exhaustive cases above; a soak: any number).
+TEST_CASE("a randomized sweep of power cuts over random workloads") {
   const unsigned seed = std::random_device{}();
-  MESSAGE("seed " << seed);
+  const char* cuts_env = std::getenv("CKPTIO_POWER_CUTS");
+  const int total = cuts_env != nullptr ? std::atoi(cuts_env) : 400;
+  MESSAGE("seed " << seed << ", " << total << " cuts");
   std::mt19937 rng(seed);
   int cuts = 0;
-  while (cuts < 1000) {
+  while (cuts < total) {
     Workload w;
     w.keep = 1 + static_cast<int>(rng() % 3);
     w.tensors = 1 + static_cast<int>(rng() % 5);
@@ -323,9 +328,9 @@ TEST_CASE("a randomized sweep of 1,000 power cuts over random workloads") {
     }
     Recording rec = Record(w);
     const size_t n = rec.model->ops();
-    for (int i = 0; i < 50 && cuts < 1000; ++i, ++cuts) CheckCutAt(w, rec, rng() % (n + 1));
+    for (int i = 0; i < 50 && cuts < total; ++i, ++cuts) CheckCutAt(w, rec, rng() % (n + 1));
   }
-  CHECK(cuts == 1000);
+  CHECK(cuts == total);
 }
 
 }  // namespace
