@@ -152,6 +152,12 @@ ckptio_status Open(const char* root, const char* config_path, ckptio_manager** o
   });
 }
 
+Status CheckIndex(const ckptio_checkpoint& c, size_t index) {
+  if (index < c.restored.tensors.size()) return Status::Ok();
+  return ckptio::InvalidArgumentError("tensor index " + std::to_string(index) + " out of range: the checkpoint has " +
+                                      std::to_string(c.restored.tensors.size()) + " tensors");
+}
+
 void FillView(const ckptio_checkpoint& c, size_t index, ckptio_tensor* out) {
   const ckptio::Tensor& t = c.restored.tensors[index];
   out->name = t.name.c_str();
@@ -335,10 +341,7 @@ ckptio_status ckptio_checkpoint_tensor(const ckptio_checkpoint* checkpoint, size
   return Guard([&]() -> Status {
     if (checkpoint == nullptr) return NullArgument("checkpoint");
     if (out == nullptr) return NullArgument("out");
-    if (index >= checkpoint->restored.tensors.size()) {
-      return ckptio::InvalidArgumentError("tensor index " + std::to_string(index) + " out of range: the checkpoint has " +
-                                          std::to_string(checkpoint->restored.tensors.size()) + " tensors");
-    }
+    RETURN_IF_ERROR(CheckIndex(*checkpoint, index));
     FillView(*checkpoint, index, out);
     return Status::Ok();
   });
@@ -363,10 +366,7 @@ ckptio_status ckptio_checkpoint_chunk(const ckptio_checkpoint* checkpoint, size_
   return Guard([&]() -> Status {
     if (checkpoint == nullptr) return NullArgument("checkpoint");
     if (out == nullptr) return NullArgument("out");
-    if (index >= checkpoint->restored.tensors.size()) {
-      return ckptio::InvalidArgumentError("tensor index " + std::to_string(index) + " out of range: the checkpoint has " +
-                                          std::to_string(checkpoint->restored.tensors.size()) + " tensors");
-    }
+    RETURN_IF_ERROR(CheckIndex(*checkpoint, index));
     const ckptio::ChunkOf& c = checkpoint->restored.tensors[index].chunk;
     *out = {};
     if (c.empty()) return Status::Ok();

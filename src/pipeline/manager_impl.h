@@ -282,6 +282,12 @@ class ManagerImpl {
   // file of an earlier step this tier lacks is copied as one of this step's.
   Status SeedFromRemote(int64_t step);
   Task<Status> SeedTask(int64_t step, std::string manifest_bytes);
+  // The end of either copy: commits `writer`'s checkpoint `step` (manifest
+  // `m`, serialized as `manifest_bytes`) if its files were `written` OK, else
+  // aborts it; then indexes it, counts its `bytes` (and a save, if
+  // `count_as_save`) and applies retention.
+  Task<Status> CommitCopy(storage::CheckpointWriter* writer, Status written, int64_t step, const format::Manifest& m,
+                          std::string manifest_bytes, uint64_t bytes, bool count_as_save);
   // On the remote tier's manager: reads file `file` of checkpoint
   // `checkpoint`, `size` bytes, into dst (in pieces, in parallel).
   Task<Status> ReadWholeFile(std::string checkpoint, std::string file, char* dst, uint64_t size);

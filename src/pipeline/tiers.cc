@@ -16,11 +16,12 @@
 namespace ckptio::pipeline {
 namespace {
 
-// A local file mapped read-only: the upload reads it through the page cache,
-// so nothing is copied into this process's memory.
-class MappedFile {
+// Memory this file maps: a local file read-only (the upload reads it through
+// the page cache, so nothing is copied into this process's memory), or
+// anonymous memory to copy files through.
+class Mapping {
  public:
-  static Result<MappedFile> Open(const std::string& path, uint64_t expected) {
+  static Result<Mapping> OfFile(const std::string& path, uint64_t expected) {
     base::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
     if (!fd.valid()) return ErrnoToStatus(errno, "open", path);
     struct stat st {};
@@ -30,7 +31,7 @@ class MappedFile {
       return CorruptionError(path + ": " + std::to_string(st.st_size) + " bytes, but the manifest says " +
                              std::to_string(expected));
     }
-    MappedFile m;
+    Mapping m;
     m.size_ = expected;
     if (expected > 0) {
       void* p = ::mmap(nullptr, expected, PROT_READ, MAP_SHARED, fd.get(), 0);
@@ -43,17 +44,27 @@ class MappedFile {
     }
     return m;
   }
-  MappedFile() = default;
-  MappedFile(MappedFile&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(o.size_) {}
-  MappedFile& operator=(MappedFile&& o) noexcept {
+  // Allocated for one copy (a one-off, not per save) and unmapped after it.
+  static Result<Mapping> Anonymous(uint64_t bytes) {
+    Mapping m;
+    if (bytes == 0) return m;
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return ErrnoToStatus(errno, "allocate " + std::to_string(bytes) + " bytes to copy files");
+    m.data_ = static_cast<char*>(p);
+    m.size_ = bytes;
+    return m;
+  }
+  Mapping() = default;
+  Mapping(Mapping&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(o.size_) {}
+  Mapping& operator=(Mapping&& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
     return *this;
   }
-  ~MappedFile() {
+  ~Mapping() {
     if (data_ != nullptr) ::munmap(data_, size_);
   }
-  const char* data() const { return data_; }
+  char* data() const { return data_; }
   uint64_t size() const { return size_; }
 
  private:
@@ -252,7 +263,7 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::s
   // What to send: this step's files, and the files of earlier steps it uses
   // that this tier lacks (sent as files of this step, under a name of their
   // own). A file of an earlier step this tier has stays referenced.
-  std::vector<MappedFile> maps;
+  std::vector<Mapping> maps;
   std::vector<storage::FileImage> images;
   std::vector<uint32_t> crcs;  // each image's, from the manifest
   bool renamed = false;
@@ -265,7 +276,7 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::s
       AdoptAsOwnFile(&s);
       renamed = true;
     }
-    auto map = MappedFile::Open(path, s.bytes);
+    auto map = Mapping::OfFile(path, s.bytes);
     if (!map.ok()) co_return std::move(map).status();
     maps.push_back(std::move(map).value());
     storage::FileImage image;
@@ -302,22 +313,33 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::s
   for (Status& w : written) {
     if (s.ok() && !w.ok()) s = std::move(w);
   }
+  uint64_t bytes = 0;
+  for (const storage::FileImage& image : images) bytes += image.size;
+  Task<Status> committing = CommitCopy(writer.get(), std::move(s), step, m, std::move(manifest_bytes), bytes,
+                                       /*count_as_save=*/true);
+  s = co_await std::move(committing);
+  // Committed, or aborted (what the sessions hold is deleted): either way
+  // they are done with.
+  Status forgotten = journal.Clear();
+  forgotten.IgnoreError();
+  co_return s;
+}
+
+Task<Status> ManagerImpl::CommitCopy(storage::CheckpointWriter* writer, Status written, int64_t step,
+                                     const format::Manifest& m, std::string manifest_bytes, uint64_t bytes,
+                                     bool count_as_save) {
+  Status s = std::move(written);
   if (s.ok()) s = co_await writer->Commit(std::move(manifest_bytes));
   if (!s.ok()) {
     Status aborted = co_await writer->Abort();
     aborted.IgnoreError();
-    Status forgotten = journal.Clear();  // what the sessions hold is deleted: start afresh
-    forgotten.IgnoreError();
     co_return s;
   }
-  // A journal left behind is harmless (it names a step already copied).
-  Status forgotten = journal.Clear();
-  forgotten.IgnoreError();
   {
     std::lock_guard lock(mu_);
     committed_.insert(step);
-    ++stats_.saves_committed;
-    for (const storage::FileImage& image : images) stats_.bytes_committed += image.size;
+    if (count_as_save) ++stats_.saves_committed;
+    stats_.bytes_committed += bytes;
   }
   References refs;
   AddReferences(m, &refs);
@@ -325,38 +347,11 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::s
   co_return co_await PruneNow();
 }
 
-
 // ---- seeding the local tier from the remote one (tiers.seed_local) ----
 
 namespace {
 
 constexpr uint64_t kSeedReadPiece = uint64_t{32} << 20;  // ranged reads in parallel
-
-// Anonymous memory for one file at a time of a seeding copy: allocated for
-// the copy (a one-off at open, not per save) and unmapped after it.
-class SeedBuffer {
- public:
-  static Result<SeedBuffer> Allocate(uint64_t bytes) {
-    SeedBuffer b;
-    if (bytes == 0) return b;
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return ErrnoToStatus(errno, "allocate " + std::to_string(bytes) + " bytes to copy files");
-    b.data_ = static_cast<char*>(p);
-    b.size_ = bytes;
-    return b;
-  }
-  SeedBuffer() = default;
-  SeedBuffer(SeedBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(o.size_) {}
-  SeedBuffer& operator=(SeedBuffer&&) = delete;
-  ~SeedBuffer() {
-    if (data_ != nullptr) ::munmap(data_, size_);
-  }
-  char* data() const { return data_; }
-
- private:
-  char* data_ = nullptr;
-  uint64_t size_ = 0;
-};
 
 }  // namespace
 
@@ -429,7 +424,7 @@ Task<Status> ManagerImpl::SeedTask(int64_t step, std::string manifest_bytes) {
   if (renamed) {
     CO_ASSIGN_OR_RETURN(manifest_bytes, Reserialize(&m, name + "/manifest.json (copy of the remote tier's)"));
   }
-  CO_ASSIGN_OR_RETURN(SeedBuffer buffer, SeedBuffer::Allocate(largest));
+  CO_ASSIGN_OR_RETURN(Mapping buffer, Mapping::Anonymous(largest));
   CO_ASSIGN_OR_RETURN(std::unique_ptr<storage::CheckpointWriter> writer,
                       co_await storage_->StartCheckpoint(name, /*replace=*/false));
   Status s;
@@ -460,21 +455,9 @@ Task<Status> ManagerImpl::SeedTask(int64_t step, std::string manifest_bytes) {
     s = co_await std::move(write);
     bytes += shard.bytes;
   }
-  if (s.ok()) s = co_await writer->Commit(std::move(manifest_bytes));
-  if (!s.ok()) {
-    Status aborted = co_await writer->Abort();
-    aborted.IgnoreError();
-    co_return s;
-  }
-  {
-    std::lock_guard lock(mu_);
-    committed_.insert(step);
-    stats_.bytes_committed += bytes;
-  }
-  References refs;
-  AddReferences(m, &refs);
-  refs_[step] = std::move(refs);
-  co_return co_await PruneNow();
+  Task<Status> committing = CommitCopy(writer.get(), std::move(s), step, m, std::move(manifest_bytes), bytes,
+                                       /*count_as_save=*/false);
+  co_return co_await std::move(committing);
 }
 
 }  // namespace ckptio::pipeline
