@@ -8,6 +8,7 @@
 #include <set>
 #include <utility>
 
+#include "base/align.h"
 #include "base/dtype.h"
 
 namespace ckptio::cli {
@@ -48,7 +49,7 @@ std::vector<Spec> Specs() {
   return s;
 }
 
-uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+using base::RoundUp;
 
 // A shape of about `target` bytes of `dtype`: [rows, 1024] when large enough.
 // Rounded down to whole 4 KiB blocks where the target allows, as a real

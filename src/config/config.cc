@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/status_macros.h"
+#include "base/text.h"
 #include "config/knobs.h"
 #include "base/unique_fd.h"
 
@@ -33,14 +34,12 @@ constexpr int kMaxConfigDepth = 32;
 // Thrown from the parser callback to stop at the first level too deep.
 struct TooDeep {};
 
-std::string Quote(std::string_view s) { return "\"" + std::string(s) + "\""; }
-
 std::string FilePrefix(std::string_view source) {
   return source.empty() ? std::string("config") : "config " + std::string(source);
 }
 
 Status KeyError(std::string_view source, std::string_view path, const Status& cause) {
-  return InvalidArgumentError(FilePrefix(source) + ": key " + Quote(path) + ": " +
+  return InvalidArgumentError(FilePrefix(source) + ": key " + base::Quoted(path) + ": " +
                               cause.message());
 }
 
@@ -101,13 +100,13 @@ std::string_view Suggest(std::string_view path) {
 }
 
 Status UnknownKey(std::string_view source, std::string_view path) {
-  std::string m = FilePrefix(source) + ": unknown key " + Quote(path);
+  std::string m = FilePrefix(source) + ": unknown key " + base::Quoted(path);
   if (std::string_view guess = Suggest(path); !guess.empty()) {
-    return InvalidArgumentError(m + " (did you mean " + Quote(guess) + "?)");
+    return InvalidArgumentError(m + " (did you mean " + base::Quoted(guess) + "?)");
   }
   const std::string_view parent = Parent(path);
   m += parent.empty() ? std::string("; the top-level keys are: ")
-                      : "; the keys in " + Quote(parent) + " are: ";
+                      : "; the keys in " + base::Quoted(parent) + " are: ";
   bool first = true;
   for (const Knob& k : Knobs()) {
     if (Parent(k.path) != parent) continue;
@@ -126,7 +125,7 @@ Status ApplyObject(const json& object, std::string_view parent, std::string_view
       // A dotted key would otherwise look up the same knob as its nested
       // form and make {"io.block_size": ...} and {"io": {"block_size": ...}}
       // two spellings that can silently override each other.
-      return InvalidArgumentError(FilePrefix(source) + ": key " + Quote(path) +
+      return InvalidArgumentError(FilePrefix(source) + ": key " + base::Quoted(path) +
                                   ": dotted keys are not supported; nest objects instead, "
                                   "as in {\"io\": {\"block_size\": \"4MiB\"}}");
     }
@@ -281,7 +280,7 @@ Result<Options> ParseConfig(std::string_view text, std::string_view source) {
     return InvalidArgumentError(FilePrefix(source) + ": invalid JSON: " + std::string(what));
   }
   if (!duplicates.duplicate().empty()) {
-    return InvalidArgumentError(FilePrefix(source) + ": key " + Quote(duplicates.duplicate()) +
+    return InvalidArgumentError(FilePrefix(source) + ": key " + base::Quoted(duplicates.duplicate()) +
                                 " is set twice");
   }
   if (!document.is_object()) {
@@ -300,7 +299,7 @@ Result<Options> ParseConfig(std::string_view text, std::string_view source) {
 Status ValidateOptions(const Options& options) {
   for (const Knob& knob : Knobs()) {
     if (Status s = CheckKnob(knob, options); !s.ok()) {
-      return InvalidArgumentError("key " + Quote(knob.path) + ": " + s.message());
+      return InvalidArgumentError("key " + base::Quoted(knob.path) + ": " + s.message());
     }
   }
   if (options.incremental && options.overwrite) {

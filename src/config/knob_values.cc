@@ -15,8 +15,6 @@ using json = nlohmann::ordered_json;
 using std::chrono::milliseconds;
 using std::chrono::nanoseconds;
 
-constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
-
 // ---- JSON value -> typed value ----
 
 

@@ -187,7 +187,6 @@ Knob Headers(std::string_view path, Field<std::map<std::string, std::string>> f,
 #define CKPTIO_KNOB(member) #member, [](auto& o) -> auto& { return o.member; }
 
 constexpr int kIntMax = std::numeric_limits<int>::max();
-constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 const std::vector<Knob>& Table() {
   static const std::vector<Knob> table = {

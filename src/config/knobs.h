@@ -26,6 +26,8 @@
 
 namespace ckptio::config {
 
+inline constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
 // Read and write access to one field of Options. Built from a captureless
 // generic lambda `[](auto& o) -> auto& { return o.io.block_size; }`, called
 // through both function pointers. (Not converted to them directly: clang 14,

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <limits>
 
+#include "base/text.h"
+
 namespace ckptio::config {
 namespace {
 
@@ -36,8 +38,6 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
   }
   return true;
 }
-
-std::string Quote(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
 // A non-negative decimal number "123", "1.5", ".5": whole part and fraction
 // digits, kept as integers so that no precision is lost.
@@ -120,11 +120,11 @@ constexpr std::array<Unit, 7> kDurationUnits = {{
 }};
 
 Status SizeError(std::string_view text, std::string_view why) {
-  return InvalidArgumentError("invalid size " + Quote(text) + ": " + std::string(why));
+  return InvalidArgumentError("invalid size " + base::Quoted(text) + ": " + std::string(why));
 }
 
 Status DurationError(std::string_view text, std::string_view why) {
-  return InvalidArgumentError("invalid duration " + Quote(text) + ": " + std::string(why));
+  return InvalidArgumentError("invalid duration " + base::Quoted(text) + ": " + std::string(why));
 }
 
 // The unit name at the front of `s`: letters, or the two bytes of "µ".
@@ -163,10 +163,10 @@ Result<uint64_t> ParseSize(std::string_view text) {
                                                     std::string_view::npos;
       if (bare_prefix) {
         const char up = static_cast<char>(std::toupper(static_cast<unsigned char>(s[0])));
-        return SizeError(text, "ambiguous unit " + Quote(s) + ": write " + up + "iB (1024-based) or " +
+        return SizeError(text, "ambiguous unit " + base::Quoted(s) + ": write " + up + "iB (1024-based) or " +
                                    up + "B (1000-based)");
       }
-      return SizeError(text, "unknown unit " + Quote(s) +
+      return SizeError(text, "unknown unit " + base::Quoted(s) +
                                  " (expected B, KiB, MiB, GiB, TiB, PiB, KB, MB, GB, TB or PB)");
     }
   }
@@ -226,7 +226,7 @@ Result<std::chrono::nanoseconds> ParseDuration(std::string_view text) {
         if (unit_name == u.name) factor = u.factor;
       }
       if (factor == 0) {
-        return DurationError(text, "unknown unit " + Quote(unit_name) +
+        return DurationError(text, "unknown unit " + base::Quoted(unit_name) +
                                        " (expected h, m, s, ms, us or ns)");
       }
     }

@@ -12,7 +12,7 @@
 namespace ckptio::pipeline {
 namespace {
 
-constexpr std::chrono::milliseconds kFirstPoll{20};
+constexpr std::chrono::milliseconds kFirstFragmentPoll{20};
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -66,7 +66,7 @@ Task<Result<format::Manifest>> GatherFragments(runtime::Loop& loop, storage::Che
   // same step (the storage fallback cannot tell otherwise).
   const int64_t oldest_ms = NowMs() - spec.timeout.count();
   std::vector<std::optional<format::Manifest>> got(count);
-  PollBackoff backoff(count, kFirstPoll);
+  PollBackoff backoff(count, kFirstFragmentPoll);
   for (;;) {
     // Every missing fragment at once: the reads run in parallel over the
     // connection pool, so gathering costs about one round trip per

@@ -28,7 +28,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr std::chrono::milliseconds kFirstPoll{100};  // a follower's first wait for the manifest
+constexpr std::chrono::milliseconds kFirstManifestPoll{100};  // a follower's first wait for the manifest
 
 }  // namespace
 
@@ -70,7 +70,7 @@ Task<Result<format::Manifest>> ManagerImpl::GatherFragments(SaveJob* job, storag
 
 Task<Status> ManagerImpl::AwaitCommit(int64_t step) {
   const auto deadline = Clock::now() + options_.multihost.timeout;
-  PollBackoff backoff(options_.multihost.process_count, kFirstPoll);
+  PollBackoff backoff(options_.multihost.process_count, kFirstManifestPoll);
   for (;;) {
     auto bytes = co_await storage_->ReadSmallFile(StepName(step), "manifest.json", format::kMaxManifestBytes);
     if (bytes.ok()) {

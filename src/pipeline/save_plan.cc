@@ -3,13 +3,14 @@
 #include <chrono>
 #include <cstdio>
 
+#include "base/align.h"
 #include "base/status_macros.h"
 #include "format/crc32c.h"
 #include "pipeline/staging.h"
 
 namespace ckptio::pipeline {
 namespace {
-uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+using base::RoundUp;
 
 // The manifest's chunk checks, before anything is copied: a chunk outside its
 // array, overlapping another, or (one process saving) missing is the caller's

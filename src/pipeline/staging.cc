@@ -7,13 +7,15 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/align.h"
+
 namespace ckptio::pipeline {
 namespace {
 constexpr uint64_t kPrefaultChunk = uint64_t{64} << 20;
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
-uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+using base::RoundUp;
 }  // namespace
 
 Result<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t limit, uint64_t resident, GrownFn on_grown) {

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/align.h"
+
 namespace ckptio::storage {
 namespace {
 
-uint64_t RoundUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+using base::RoundUp;
 
 }  // namespace
 

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/align.h"
 #include "base/status_macros.h"
 #include "runtime/async_sync.h"
 #include "runtime/cpu_pool.h"
@@ -31,7 +32,7 @@ using base::UniqueFd;
 
 constexpr size_t kDirectAlign = kDirectBlock;
 
-inline size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+using base::RoundUp;
 
 // 16 hex digits, for tmp and bin names.
 std::string Nonce();
