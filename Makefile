@@ -111,8 +111,8 @@ demo: build
 # The sanitizer and fuzz builds compile in the background, at a lower priority (nice), from the
 # start: while pip fetches the test packages (network), build/ compiles (at normal priority),
 # and build/'s tests and the Python tests run (those wait on processes, disks and sockets more
-# than they compute), the compilers take the CPU the rest leaves. Then the sanitizer tests and
-# the fuzz run.
+# than they compute), the compilers take the CPU the rest leaves. Then the sanitizer tests, with
+# the fuzz run beside them (it runs for FUZZ_TEST_SECONDS whatever the load; its log follows).
 test: deps $(ASAN_BUILD)/build.ninja $(TSAN_BUILD)/build.ninja $(FUZZ_BUILD)/build.ninja
 	@rc=0; \
 	step() { local name=$$1 t=$$SECONDS; shift; "$$@" || rc=1; \
@@ -127,11 +127,12 @@ test: deps $(ASAN_BUILD)/build.ninja $(TSAN_BUILD)/build.ninja $(FUZZ_BUILD)/bui
 	  tests/gcs tests/python --junitxml=$(BUILD)/pytest.xml -p no:cacheprovider; \
 	if ! wait $$bg; then rc=1; echo "make test: a sanitizer or fuzz build failed:" >&2; tail -n 60 $$log >&2; fi; \
 	echo "make test: the background builds were done $$((SECONDS - t0)) s after they started" >&2; \
+	tests/fuzz/run.sh --build $(FUZZ_BUILD) --seconds $(FUZZ_TEST_SECONDS) --junit $(FUZZ_BUILD)/fuzz.xml \
+	  > $(FUZZ_BUILD)/fuzz.log 2>&1 & fuzz=$$!; \
 	step "$(ASAN_BUILD) tests" meson test -C $(ASAN_BUILD) --print-errorlogs --num-processes 2; \
 	step "$(TSAN_BUILD) tests" meson test -C $(TSAN_BUILD) --no-rebuild --print-errorlogs --num-processes 2 \
 	  $(TSAN_TESTS); \
-	step "fuzz" tests/fuzz/run.sh --build $(FUZZ_BUILD) --seconds $(FUZZ_TEST_SECONDS) \
-	  --junit $(FUZZ_BUILD)/fuzz.xml; \
+	if ! wait $$fuzz; then rc=1; fi; cat $(FUZZ_BUILD)/fuzz.log >&2; \
 	python3 tests/tools/summarize.py $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) --junit $(BUILD)/pytest.xml \
 	  --junit $(FUZZ_BUILD)/fuzz.xml || rc=1; \
 	exit $$rc

@@ -187,14 +187,22 @@ Status CheckPlanArgs(std::span<const TensorSpec> specs, uint64_t shard_size, siz
   return CheckSpecs(specs);
 }
 
-// Indices of the specs in each shard, in input order.
+// Indices of the specs in each shard: in input order, or with residues
+// grouped by residue (see PlanShards).
 std::vector<std::vector<size_t>> GroupIntoShards(std::span<const TensorSpec> specs,
-                                                 uint64_t shard_size) {
+                                                 uint64_t shard_size, const MemoryResidues& residues) {
+  std::vector<size_t> order(specs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const uint32_t m = residues.modulus;
+  auto key = [&](size_t i) { return std::pair(residues.residue[i], specs[i].bytes % m != 0); };
+  if (m != 0) std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
   std::vector<std::vector<size_t>> groups;
   uint64_t used = 0;
-  for (size_t i = 0; i < specs.size(); ++i) {
+  for (size_t i : order) {
     // Both terms are <= 2^50 (checked), so the sum cannot overflow.
-    if (groups.empty() || (!groups.back().empty() && used + specs[i].bytes > shard_size)) {
+    const bool full = !groups.empty() && !groups.back().empty() && used + specs[i].bytes > shard_size;
+    const bool other_residue = m != 0 && !groups.empty() && residues.residue[groups.back().front()] != residues.residue[i];
+    if (groups.empty() || full || other_residue) {
       groups.emplace_back();
       used = 0;
     }
@@ -206,7 +214,7 @@ std::vector<std::vector<size_t>> GroupIntoShards(std::span<const TensorSpec> spe
 
 Result<PlannedShard> LayOutShard(std::span<const TensorSpec> specs,
                                  const std::vector<size_t>& group, std::string name,
-                                 size_t align) {
+                                 size_t align, size_t residue) {
   std::vector<TensorEntry> entries;
   entries.reserve(group.size());
   uint64_t data_bytes = 0;
@@ -218,7 +226,7 @@ Result<PlannedShard> LayOutShard(std::span<const TensorSpec> specs,
   RETURN_IF_ERROR(CheckShardFileName(name));
   PlannedShard shard;
   shard.name = std::move(name);
-  shard.prefix = BuildSafetensorsPrefix(entries, {}, align);
+  shard.prefix = BuildSafetensorsPrefix(entries, {}, align, residue);
   if (shard.prefix.size() - 8 > kMaxHeaderBytes) {
     return InvalidArgumentError("shard " + shard.name + ": header of " +
                                 std::to_string(shard.prefix.size() - 8) +
@@ -285,9 +293,10 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file,
 
 std::string BuildSafetensorsPrefix(std::span<const TensorEntry> tensors,
                                    const std::map<std::string, std::string>& metadata,
-                                   size_t align) {
+                                   size_t align, size_t residue) {
   std::string json = HeaderJson(tensors, metadata);
   if (align > 1) json.append((align - (8 + json.size()) % align) % align, ' ');
+  json.append(residue, ' ');
   std::string out(8, '\0');
   uint64_t n = json.size();
   for (size_t i = 0; i < 8; ++i, n >>= 8) out[i] = static_cast<char>(n & 0xFF);
@@ -297,14 +306,26 @@ std::string BuildSafetensorsPrefix(std::span<const TensorEntry> tensors,
 
 Result<std::vector<PlannedShard>> PlanShards(std::span<const TensorSpec> specs,
                                              uint64_t shard_size, size_t align,
-                                             std::string_view name_prefix) {
+                                             std::string_view name_prefix, MemoryResidues residues) {
   RETURN_IF_ERROR(CheckPlanArgs(specs, shard_size, align, name_prefix));
-  const std::vector<std::vector<size_t>> groups = GroupIntoShards(specs, shard_size);
+  const uint32_t m = residues.modulus;
+  if (m != 0) {
+    if ((m & (m - 1)) != 0 || align % m != 0 || residues.residue.size() != specs.size()) {
+      return InvalidArgumentError("memory residues: modulus " + std::to_string(m) + " must be a power of two dividing " +
+                                  "the alignment " + std::to_string(align) + ", with one residue per tensor (" +
+                                  std::to_string(residues.residue.size()) + " for " + std::to_string(specs.size()) + ")");
+    }
+    for (uint32_t r : residues.residue) {
+      if (r >= m) return InvalidArgumentError("memory residue " + std::to_string(r) + " is not below " + std::to_string(m));
+    }
+  }
+  const std::vector<std::vector<size_t>> groups = GroupIntoShards(specs, shard_size, residues);
   std::vector<PlannedShard> shards;
   shards.reserve(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) {
+    const size_t residue = m != 0 ? residues.residue[groups[i].front()] : 0;
     ASSIGN_OR_RETURN(PlannedShard shard,
-                     LayOutShard(specs, groups[i], ShardName(name_prefix, i), align));
+                     LayOutShard(specs, groups[i], ShardName(name_prefix, i), align, residue));
     shards.push_back(std::move(shard));
   }
   return shards;

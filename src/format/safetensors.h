@@ -65,9 +65,10 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file,
 // REQUIRES: tensors tile [0, data bytes) in order with valid, unique names
 // (as PlanShards produces); strings are valid UTF-8 (invalid bytes would be
 // replaced by U+FFFD).
+// With `residue`, the data starts `residue` bytes past that multiple of align.
 std::string BuildSafetensorsPrefix(std::span<const TensorEntry> tensors,
                                    const std::map<std::string, std::string>& metadata,
-                                   size_t align);
+                                   size_t align, size_t residue = 0);
 
 // ---- Shard planning -------------------------------------------------------
 
@@ -91,17 +92,33 @@ struct PlannedShard {
   uint64_t file_size = 0;  // prefix.size() + data bytes
 };
 
+// Where the tensors' bytes sit in memory, for a writer that sends them to
+// the file without copying them where the file offset agrees with the memory
+// address modulo `modulus` (O_DIRECT needs memory and file offsets aligned
+// alike; safetensors allows no holes between tensors to make them agree).
+struct MemoryResidues {
+  std::span<const uint32_t> residue;  // per spec: its address modulo `modulus`
+  uint32_t modulus = 0;               // a power of two dividing align; 0: none
+};
+
 // Lays tensors out into shard files: in input order, each shard holding at
 // most shard_size bytes of data, except that a tensor larger than shard_size
 // gets a shard of its own. Zero-byte and scalar tensors are fine. Every shard's
 // data starts at a multiple of align (align >= 1). Shards are named
 // name_prefix + 5-digit index + ".safetensors". No specs, no shards.
+// With `residues`, tensors are grouped by residue instead (stable; within a
+// group the ones whose size is a multiple of the modulus first, so that they
+// keep the next one's residue), a shard holds one group, and its data starts
+// at its first tensor's residue past a multiple of align: every tensor whose
+// predecessors in the shard are multiples of the modulus has a file offset
+// that agrees with its address.
 // InvalidArgument for an invalid or duplicate name, bytes != shape x dtype
 // size, shard_size outside [1, base::kMaxTensorBytes], align outside [1, 1 MiB], a
-// name_prefix that does not make plain file names, or a shard header
-// over kMaxHeaderBytes.
+// name_prefix that does not make plain file names, residues that do not
+// match the specs or the alignment, or a shard header over kMaxHeaderBytes.
 Result<std::vector<PlannedShard>> PlanShards(std::span<const TensorSpec> specs,
                                              uint64_t shard_size, size_t align,
-                                             std::string_view name_prefix = "shard-");
+                                             std::string_view name_prefix = "shard-",
+                                             MemoryResidues residues = {});
 
 }  // namespace ckptio::format

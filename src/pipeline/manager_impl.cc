@@ -263,14 +263,14 @@ Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> te
                                 metadata_json.substr(0, 80));
   }
   RETURN_IF_ERROR(CheckWritable("save step " + std::to_string(step)));
-  ASSIGN_OR_RETURN(job->plan, PlanSave(step, tensors, options_, snapshot));
+  ASSIGN_OR_RETURN(job->plan, PlanSave(step, tensors, options_, snapshot, storage_->AddressModulus()));
   if (job->plan.staging_bytes > staging_->capacity()) {
     // More than staging can ever hold: written straight from the caller's
     // buffers (staging holds the shard headers only), and Save() returns
     // once they are written, so the caller may change them afterwards. The
     // trainer waits for the write instead of a copy: said once.
     const uint64_t wanted = job->plan.staging_bytes;
-    ASSIGN_OR_RETURN(job->plan, PlanSave(step, tensors, options_, SnapshotMode::kBorrow));
+    ASSIGN_OR_RETURN(job->plan, PlanSave(step, tensors, options_, SnapshotMode::kBorrow, storage_->AddressModulus()));
     if (job->plan.staging_bytes > staging_->capacity()) {
       return ResourceExhaustedError("save of step " + std::to_string(step) + ": its shard headers alone need " +
                                     FormatBytes(job->plan.staging_bytes) + ", more than staging_memory (" +

@@ -30,7 +30,7 @@ Status CheckChunksToSave(const SavePlan& plan, const Options& options) {
 }  // namespace
 
 Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, const Options& options,
-                          std::optional<SnapshotMode> snapshot) {
+                          std::optional<SnapshotMode> snapshot, uint32_t address_modulus) {
   if (step < 0) return InvalidArgumentError("step must be >= 0, got " + std::to_string(step));
   SavePlan plan;
   plan.step = step;
@@ -58,7 +58,14 @@ Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, cons
     std::snprintf(p, sizeof p, "shard-p%05d-", options.multihost.process_index);
     shard_prefix = p;
   }
-  ASSIGN_OR_RETURN(plan.shards, format::PlanShards(plan.specs, options.shard_size, StagingPool::kAlign, shard_prefix));
+  std::vector<uint32_t> residue;
+  format::MemoryResidues residues;
+  if (plan.borrow && address_modulus != 0) {
+    for (const char* src : plan.sources) residue.push_back(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(src) % address_modulus));
+    residues = {residue, address_modulus};
+  }
+  ASSIGN_OR_RETURN(plan.shards,
+                   format::PlanShards(plan.specs, options.shard_size, StagingPool::kAlign, shard_prefix, residues));
   uint64_t offset = 0;
   for (const format::PlannedShard& s : plan.shards) {
     plan.prefix_crc.push_back(format::Crc32c(s.prefix.data(), s.prefix.size()));
@@ -140,14 +147,17 @@ format::Manifest MakeManifest(const SavePlan& plan, const std::vector<uint32_t>&
   m.created = format::FormatRfc3339Utc(std::chrono::system_clock::now());
   m.writer = std::string("ckptio ") + CKPTIO_VERSION;
   m.metadata = std::move(metadata);
+  // The tensors in the order they were given (a borrowing save may have laid
+  // them out in another: PlanSave), so that Restore lists them as saved.
+  m.tensors.resize(plan.specs.size());
   for (size_t s = 0; s < plan.shards.size(); ++s) {
     m.shards.push_back({plan.shards[s].name, plan.shards[s].file_size, shard_crc[s], {}});
     for (const format::PlannedTensor& t : plan.shards[s].tensors) {
       const format::TensorSpec& spec = plan.specs[t.index];
       std::optional<format::Hash128> hash;
       if (tensor_hash != nullptr) hash = (*tensor_hash)[t.index];
-      m.tensors.push_back({spec.name, spec.dtype, spec.shape, static_cast<uint32_t>(s), t.offset, t.bytes,
-                           tensor_crc[t.index], plan.chunks[t.index], hash});
+      m.tensors[t.index] = {spec.name, spec.dtype, spec.shape, static_cast<uint32_t>(s), t.offset, t.bytes,
+                            tensor_crc[t.index], plan.chunks[t.index], hash};
     }
   }
   m.format_version = format::FormatVersionFor(m);

@@ -37,9 +37,12 @@ struct SavePlan {
 // empty name is filled in (ChunkName). The chunks of each array must cover it
 // unless this is one process's part of a multi-host save.
 // Multi-host saves name shards after the process ("shard-p00003-00000...").
-// `snapshot`, if set, replaces options.snapshot for this save.
+// `snapshot`, if set, replaces options.snapshot for this save. A borrowing
+// save with an `address_modulus` (Storage::AddressModulus) lays its tensors
+// out so that their file offsets agree with their addresses modulo it
+// (format::MemoryResidues): the writer then sends them without a copy.
 Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, const Options& options,
-                          std::optional<SnapshotMode> snapshot = std::nullopt);
+                          std::optional<SnapshotMode> snapshot = std::nullopt, uint32_t address_modulus = 0);
 
 // The byte ranges CRC32C is computed over: every tensor split into pieces of
 // at most `piece` bytes. `dst` is where the bytes land in staging (copy mode)

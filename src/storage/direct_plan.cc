@@ -12,8 +12,8 @@ using base::RoundUp;
 
 }  // namespace
 
-DirectPlan::DirectPlan(const FileImage* image, size_t max_len)
-    : image_(image), max_len_(max_len), end_(RoundUp(image->size, kDirectBlock)) {}
+DirectPlan::DirectPlan(const FileImage* image, size_t max_len, size_t mem_align)
+    : image_(image), max_len_(max_len), mem_align_(mem_align), end_(RoundUp(image->size, kDirectBlock)) {}
 
 size_t DirectPlan::SegmentAt(uint64_t pos, size_t from) const {
   const auto& segs = image_->segments;
@@ -39,7 +39,7 @@ bool DirectPlan::DirectAt(uint64_t pos, size_t i) const {
   const Segment& s = image_->segments[i];
   if (pos < s.offset) return false;
   const uintptr_t addr = reinterpret_cast<uintptr_t>(s.data) + (pos - s.offset);
-  return addr % kDirectBlock == 0 && pos + kDirectBlock <= DirectEnd(i);
+  return addr % mem_align_ == 0 && pos + kDirectBlock <= DirectEnd(i);
 }
 
 DirectWrite DirectPlan::Next() {

@@ -5,6 +5,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <linux/stat.h>  // STATX_DIOALIGN
 
 #include <algorithm>
 #include <cerrno>
@@ -59,6 +60,15 @@ std::string Nonce() {
 
 // A segment can go out with O_DIRECT if its memory and file offset are
 // block-aligned and its length, rounded up to a block, fits its capacity.
+size_t DirectMemoryAlign(int fd) {
+  struct statx st {};
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &st) != 0 || (st.stx_mask & STATX_DIOALIGN) == 0) {
+    return kDirectBlock;
+  }
+  const size_t a = st.stx_dio_mem_align;
+  return a != 0 && (a & (a - 1)) == 0 && kDirectBlock % a == 0 ? a : kDirectBlock;
+}
+
 bool DirectEligible(const Segment& s) {
   return reinterpret_cast<uintptr_t>(s.data) % kDirectAlign == 0 && s.offset % kDirectAlign == 0 &&
          RoundUp(s.len, kDirectAlign) <= s.capacity;

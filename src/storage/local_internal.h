@@ -39,6 +39,9 @@ std::string Nonce();
 // A segment can go out with O_DIRECT if its memory and file offset are
 // block-aligned and its length, rounded up to a block, fits its capacity.
 bool DirectEligible(const Segment& s);
+// The memory alignment O_DIRECT writes to the open file `fd` need, as statx
+// (STATX_DIOALIGN, Linux 6.1) reports it; the block where it says nothing.
+size_t DirectMemoryAlign(int fd);
 // "a FIFO", "a directory", ...: what sits where a regular file should be.
 std::string FileKind(mode_t mode);
 // An open of a path inside the root that failed, said plainly: the open
@@ -159,6 +162,10 @@ class LocalStorage final : public Storage {
   Task<Status> Prune(std::string name) override;
   Task<Status> RemoveExcept(std::string name, std::vector<std::string> keep) override;
   Status LockForWriting() override;
+  // 512: the memory alignment O_DIRECT needs on a block device of 512-byte
+  // logical blocks (DirectMemoryAlign asks each file; one that needs more
+  // gathers what does not agree, as any unaligned buffer).
+  uint32_t AddressModulus() const override { return options_.direct != Options::Io::Direct::kOff ? 512 : 0; }
 
   Loop& loop() { return loop_; }
   int root_fd() const { return root_dir_.fd(); }

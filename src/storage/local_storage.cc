@@ -93,7 +93,7 @@ Task<void> LocalStorage::GatherLane(GatherState* g) {
 
 Task<Status> LocalStorage::WriteGathered(const File* file, const FileImage* image, uint64_t* bounced) {
   CO_TRY(co_await MapBounce());
-  GatherState g{DirectPlan(image, options_.block_size), file, image, 0, Status::Ok()};
+  GatherState g{DirectPlan(image, options_.block_size, DirectMemoryAlign(file->fd())), file, image, 0, Status::Ok()};
   const uint64_t writes = (image->size + options_.block_size - 1) / options_.block_size;
   const size_t lanes = static_cast<size_t>(std::clamp<uint64_t>(writes, 1, std::max(options_.queue_depth, 1)));
   std::vector<Task<void>> tasks;

@@ -139,6 +139,11 @@ class Storage {
   virtual uint64_t requests() const { return 0; }
   // Bytes of uploads an earlier process had sent that were not sent again.
   virtual uint64_t bytes_resumed() const { return 0; }
+  // A file image's segment goes out without a copy where its file offset
+  // agrees with its memory address modulo this (O_DIRECT's memory alignment),
+  // so a save that borrows the caller's buffers lays them out to agree. 0: a
+  // backend that sends any bytes from where they are.
+  virtual uint32_t AddressModulus() const { return 0; }
 };
 
 }  // namespace ckptio::storage

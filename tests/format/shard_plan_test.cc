@@ -131,6 +131,48 @@ TEST_CASE("every planned prefix parses back to the planned tensors") {
   CHECK(seen == specs.size());
 }
 
+TEST_CASE("with memory residues, tensors are grouped by residue and each lands at a file offset that agrees") {
+  // Addresses modulo 512 as a jax state gives them (64-byte-aligned); sizes
+  // in whole 512 B units except "odd", which goes last in its group.
+  const std::vector specs = {U8("a", 4096), U8("odd", 1000), U8("b", 8192), U8("c", 4096), U8("d", 1024),
+                             U8("e", 4096)};
+  const std::vector<uint32_t> residue = {64, 64, 448, 64, 0, 448};
+  auto shards = PlanShards(specs, 1 << 20, 4096, "shard-", {residue, 512});
+  REQUIRE(shards.ok());
+  // Groups in residue order (0, 64, 448), input order within a group except
+  // that the odd-sized tensor follows the whole ones.
+  CHECK(Layout(*shards) == Groups{{4}, {0, 3, 1}, {2, 5}});
+  for (const PlannedShard& s : *shards) {
+    CAPTURE(s.name);
+    for (const PlannedTensor& t : s.tensors) {
+      CAPTURE(specs[t.index].name);
+      CHECK(t.offset % 512 == residue[t.index]);
+      CHECK(t.offset >= 4096);  // past the header's block
+    }
+    std::vector<uint8_t> json(s.prefix.begin() + 8, s.prefix.end());
+    auto header = ParseSafetensorsHeader(s.name, json, s.file_size);
+    REQUIRE(header.ok());
+    CHECK(header->data_start == s.prefix.size());
+    CHECK(header->data_start % 4096 == residue[s.tensors.front().index]);
+  }
+  // A shard still holds at most shard_size bytes.
+  auto small = PlanShards(specs, 8192, 4096, "shard-", {residue, 512});
+  REQUIRE(small.ok());
+  CHECK(Layout(*small) == Groups{{4}, {0, 3}, {1}, {2}, {5}});
+}
+
+TEST_CASE("memory residues that do not fit the specs or the alignment are refused") {
+  const std::vector specs = {U8("a", 10), U8("b", 10)};
+  const std::vector<uint32_t> two = {0, 64}, one = {0}, big = {0, 512};
+  CHECK(!PlanShards(specs, 100, 4096, "shard-", {one, 512}).ok());
+  CHECK(!PlanShards(specs, 100, 4096, "shard-", {big, 512}).ok());
+  CHECK(!PlanShards(specs, 100, 4096, "shard-", {two, 384}).ok());   // not a power of two
+  CHECK(!PlanShards(specs, 100, 256, "shard-", {two, 512}).ok());    // does not divide the alignment
+  auto ok = PlanShards(specs, 100, 4096, "shard-", {two, 512});
+  REQUIRE(ok.ok());
+  CHECK(Layout(*ok) == Groups{{0}, {1}});
+}
+
 TEST_CASE("a spec whose bytes disagree with its shape is refused") {
   const std::vector<TensorSpec> specs = {{"w", DType::kF32, {5, 5}, 99}};
   auto shards = PlanShards(specs, 100, 1);
