@@ -339,10 +339,12 @@ Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> te
     job->state->timings.bytes = job->plan.checkpoint_bytes;
   }
   ManagerImpl* self = this;
+  if (job->written_before_return) storage_->SetWaitedOn(true);  // before any write starts
   loop().Post([self, job] { runtime::Spawn(self->RunSave(job)); });
   if (job->written_before_return) {
     std::unique_lock lock(job->state->mu);
     job->state->cv.wait(lock, [&] { return job->state->released || job->state->done; });
+    storage_->SetWaitedOn(false);
     job->state->timings.snapshot_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   }
   return SaveHandle(job->state);
@@ -574,8 +576,10 @@ Task<Status> ManagerImpl::PruneNow() {
 }
 
 Status ManagerImpl::WaitUntilFinished() {
+  storage_->SetWaitedOn(true);
   std::unique_lock lock(mu_);
   cv_.wait(lock, [this] { return in_flight_ == 0; });
+  storage_->SetWaitedOn(false);
   return TakePendingErrors();
 }
 

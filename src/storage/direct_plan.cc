@@ -42,12 +42,14 @@ bool DirectPlan::DirectAt(uint64_t pos, size_t i) const {
   return addr % mem_align_ == 0 && pos + kDirectBlock <= DirectEnd(i);
 }
 
-DirectWrite DirectPlan::Next() {
+DirectWrite DirectPlan::Next(bool direct) {
   DirectWrite w;
   w.offset = pos_;
   const uint64_t limit = std::min<uint64_t>(pos_ + max_len_, end_);
   seg_ = SegmentAt(pos_, seg_);
-  if (DirectAt(pos_, seg_)) {
+  if (!direct) {
+    w.len = static_cast<size_t>(limit - pos_);
+  } else if (DirectAt(pos_, seg_)) {
     const Segment& s = image_->segments[seg_];
     w.data = s.data + (pos_ - s.offset);
     w.len = static_cast<size_t>(std::min(limit, DirectEnd(seg_)) - pos_);

@@ -43,8 +43,9 @@ class DirectPlan {
   DirectPlan(const FileImage* image, size_t max_len, size_t mem_align = kDirectBlock);
 
   bool done() const { return pos_ >= end_; }
-  // The next write, in file order. REQUIRES: !done().
-  DirectWrite Next();
+  // The next write, in file order; with `direct` false, a gathered one.
+  // REQUIRES: !done().
+  DirectWrite Next(bool direct = true);
   // Copies the image's bytes of `w` into dst (w.len bytes, zeros past the end
   // of the file). Thread-safe against Next() (reads only the segments).
   void Gather(const DirectWrite& w, char* dst) const;

@@ -66,7 +66,7 @@ Task<Status> LocalStorage::MapBounce() {
 
 Task<void> LocalStorage::GatherLane(GatherState* g) {
   while (!g->plan.done() && g->first_error.ok()) {
-    const DirectWrite w = g->plan.Next();
+    const DirectWrite w = g->plan.Next(/*direct=*/!waited_on());
     co_await depth_.Acquire();
     const char* src = w.data;
     char* buf = nullptr;

@@ -144,6 +144,10 @@ class Storage {
   // so a save that borrows the caller's buffers lays them out to agree. 0: a
   // backend that sends any bytes from where they are.
   virtual uint32_t AddressModulus() const { return 0; }
+  // The trainer is waiting for the writes under way (WaitUntilFinished, a
+  // save that returns once written): spend CPU to finish sooner. Calls nest
+  // (true adds a waiter, false removes one); callable from any thread.
+  virtual void SetWaitedOn(bool waited_on) { (void)waited_on; }
 };
 
 }  // namespace ckptio::storage
