@@ -180,6 +180,7 @@ bench: build venv venv-bench
 	step $(PYTHON) bench/incremental_bench.py --gcs --python-path $(BUILD)/python > bench/results/incremental.md; \
 	step $(PYTHON) bench/tiers_bench.py --python-path $(BUILD)/python > bench/results/tiers.md; \
 	step $(PYTHON) bench/resume_bench.py --python-path $(BUILD)/python > bench/results/resume.md; \
+	step $(PYTHON) bench/borrow_write_bench.py --python-path $(BUILD)/python > bench/results/borrow_write.md; \
 	SEED=$(BUILD)/bench/seed/ckptio-seed step bench/seed_experiment --only local --saves 10 --out bench/results; \
 	SEED=$(BUILD)/bench/seed/ckptio-seed step bench/seed_experiment --only gcs --modes blocking,ckptio,ckptio-borrow --saves 6 \
 	  --out bench/results; \
