@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <map>
 
 #include "base/align.h"
 #include "base/status_macros.h"
@@ -11,6 +12,10 @@
 namespace ckptio::pipeline {
 namespace {
 using base::RoundUp;
+
+// Copying this many bytes through the bounce buffers (~1 ms) costs about what
+// a shard file's create, fdatasync and manifest entry do.
+constexpr uint64_t kOwnShardBytes = uint64_t{16} << 20;
 
 // The manifest's chunk checks, before anything is copied: a chunk outside its
 // array, overlapping another, or (one process saving) missing is the caller's
@@ -61,7 +66,22 @@ Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, cons
   std::vector<uint32_t> residue;
   format::MemoryResidues residues;
   if (plan.borrow && address_modulus != 0) {
-    for (const char* src : plan.sources) residue.push_back(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(src) % address_modulus));
+    std::map<uint32_t, uint64_t> class_bytes;
+    for (size_t i = 0; i < plan.sources.size(); ++i) {
+      residue.push_back(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(plan.sources[i]) % address_modulus));
+      class_bytes[residue.back()] += plan.specs[i].bytes;
+    }
+    // A residue class gets shards of its own only if copying its bytes would
+    // cost more than another file; a smaller one joins the largest class (its
+    // tensors are then copied through the bounce buffers, as before).
+    uint32_t largest = 0;
+    uint64_t largest_bytes = 0;
+    for (const auto& [r, bytes] : class_bytes) {
+      if (bytes > largest_bytes) largest = r, largest_bytes = bytes;
+    }
+    for (uint32_t& r : residue) {
+      if (class_bytes.at(r) < kOwnShardBytes) r = largest;
+    }
     residues = {residue, address_modulus};
   }
   ASSIGN_OR_RETURN(plan.shards,

@@ -297,6 +297,35 @@ TEST_CASE("PlanSave in borrow mode stages the shard headers only") {
   CHECK(borrow.checkpoint_bytes == copy.checkpoint_bytes);  // the same files either way
 }
 
+TEST_CASE("PlanSave of borrowed tensors groups them by address modulo the storage's, when a group is worth a file") {
+  // Addresses as jax gives them (64-byte-aligned anywhere in a page); never
+  // read by PlanSave. Two classes of 16 MiB or more get shards of their own,
+  // laid out to agree with the addresses; the small classes' tensors join
+  // the largest class (they are copied when written).
+  const uint64_t base = uint64_t{1} << 40;
+  auto at = [&](uint64_t offset) { return reinterpret_cast<std::byte*>(base + offset); };
+  std::vector<TensorRef> refs = {
+      {"big64", DType::kU8, {16 * kMiB}, at(64)},          // class 64: 24 MiB
+      {"small0", DType::kU8, {4096}, at(100 * kMiB)},      // class 0: 4 KiB
+      {"big448", DType::kU8, {20 * kMiB}, at(200 * kMiB + 448)},  // class 448: 20 MiB
+      {"more64", DType::kU8, {8 * kMiB}, at(300 * kMiB + 576)},   // class 64
+      {"small128", DType::kU8, {1000}, at(400 * kMiB + 128)},     // class 128: 1000 B
+  };
+  auto planned = PlanSave(1, refs, PlanOptions(64 * kMiB, SnapshotMode::kBorrow), std::nullopt, 512);
+  REQUIRE_MESSAGE(planned.ok(), planned.status().ToString());
+  CHECK(Layout(*planned) == Groups{{0, 1, 3, 4}, {2}});
+  for (const format::PlannedShard& s : planned->shards) {
+    for (const format::PlannedTensor& t : s.tensors) {
+      if (refs[t.index].name.starts_with("small")) continue;
+      const uint64_t residue = reinterpret_cast<uintptr_t>(refs[t.index].data) % 512;
+      CAPTURE(refs[t.index].name);
+      CHECK(t.offset % 512 == residue);
+    }
+  }
+  // No modulus (GCS, or staged): the caller's order, one shard.
+  CHECK(Layout(Plan(refs, PlanOptions(64 * kMiB, SnapshotMode::kBorrow))) == Groups{{0, 1, 2, 3, 4}});
+}
+
 TEST_CASE("MakeImages points copy-mode shards into staging and borrow-mode tensors at the caller's buffers") {
   Tensors t;
   t.U8("a", 5000).U8("empty", 0).U8("b", 3);
