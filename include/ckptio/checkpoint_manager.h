@@ -210,10 +210,11 @@ class CKPTIO_EXPORT CheckpointManager {
   // Reads byte ranges of named tensors into caller buffers: what a process
   // needs when a checkpoint is restored on a different number of processes
   // than saved it. Only the shards holding them are opened; the reads are
-  // ranged and run in parallel. A slice that covers its whole tensor is
-  // checked against the tensor's CRC32C; a partial slice only against the
-  // bounds of the tensor and its shard (the manifest's CRC32C covers whole
-  // tensors: Verify() checks every byte). Returns the step read.
+  // ranged and run in parallel. Every tensor a slice reads from is checked
+  // against its CRC32C, which covers the whole tensor: the slices of one
+  // call that cover a tensor together are checked as they are, and where
+  // they cover only part of it the rest is read as well (and dropped) for
+  // the check. Returns the step read.
   Result<int64_t> RestoreSlices(std::optional<int64_t> step, std::span<const TensorSlice> slices);
 
   // Reads checkpoint `step` (latest committed if nullopt) from first tensor

@@ -230,8 +230,10 @@ class Reads:
     """Byte-range reads of many boxes of many arrays, done together in one
     restore_slices call (parallel, ranged) per batch. A chunk part that is
     contiguous both in the chunk and in the destination is read straight into
-    place; otherwise the chunk is read once, whole (its CRC32C checked), into
-    a temporary that every destination box overlapping it copies from. A
+    place; otherwise the chunk is read once, whole, into a temporary that
+    every destination box overlapping it copies from. Either way the chunk's
+    CRC32C is checked (restore_slices also reads, and drops, the bytes of a
+    chunk that no part of the batch covers). A
     batch is run once its buffers pass `limit` bytes (full()), and its arrays
     built then, so a restore holds about one batch (or one array's chunks)
     beyond its result."""

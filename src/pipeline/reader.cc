@@ -1,6 +1,7 @@
 #include "pipeline/reader.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 
 #include "base/status_macros.h"
@@ -160,24 +161,96 @@ Task<Status> ReadTensors(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, std::ve
   co_return co_await ReadRanges(pool, ckpt, reads, progress);
 }
 
+namespace {
+
+// One run of a tensor's bytes in the CRC32C check of ReadRanges, in order: the
+// pieces [first, last) (of a read, or of a gap no read covers), or bytes of a
+// destination already read (where two reads overlap in part).
+struct CrcSpan {
+  size_t first = 0, last = 0;
+  const char* data = nullptr;
+  uint64_t len = 0;
+};
+
+// The spans that cover tensor `t`'s bytes once, from the reads of it (indices
+// into `reads`, `first_piece` their pieces); the gaps between them are added
+// to `pieces` as reads into the lanes' own buffers.
+std::vector<CrcSpan> CoverTensor(const format::ManifestTensor& t, const std::vector<RangeRead>& reads,
+                                 std::vector<size_t> of_tensor, const std::vector<size_t>& first_piece,
+                                 std::vector<Piece>* pieces) {
+  std::sort(of_tensor.begin(), of_tensor.end(), [&](size_t a, size_t b) { return reads[a].offset < reads[b].offset; });
+  std::vector<CrcSpan> spans;
+  auto gap = [&](uint64_t from, uint64_t to) {
+    const size_t first = pieces->size();
+    AddPieces(pieces, t.shard, t.offset + from, to - from, nullptr, -1);
+    spans.push_back({first, pieces->size()});
+  };
+  uint64_t covered = 0;  // bytes [0, covered) have their span
+  for (size_t k : of_tensor) {
+    const RangeRead& r = reads[k];
+    const uint64_t end = r.offset + r.len;
+    if (end <= covered) continue;  // inside what is covered already (a replica's copy, say)
+    if (r.offset > covered) gap(covered, r.offset);
+    if (r.offset >= covered) {
+      spans.push_back({first_piece[k], first_piece[k + 1]});
+    } else {
+      spans.push_back({0, 0, r.dst + (covered - r.offset), end - covered});
+    }
+    covered = end;
+  }
+  if (covered < t.bytes) gap(covered, t.bytes);
+  return spans;
+}
+
+}  // namespace
+
 Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<RangeRead>& reads,
                         const ProgressFn* progress) {
   std::vector<Piece> pieces;
   std::vector<size_t> first_piece;  // of each read; its pieces are consecutive
-  for (const RangeRead& r : reads) {
+  std::map<size_t, std::vector<size_t>> by_tensor;  // tensor -> its reads
+  for (size_t k = 0; k < reads.size(); ++k) {
+    const RangeRead& r = reads[k];
     const format::ManifestTensor& t = ckpt->manifest.tensors[r.tensor];
     first_piece.push_back(pieces.size());
     AddPieces(&pieces, t.shard, t.offset + r.offset, r.len, r.dst, -1);
+    if (r.len > 0 || t.bytes == 0) by_tensor[r.tensor].push_back(k);  // an empty range of bytes needs no check
   }
   first_piece.push_back(pieces.size());
+  // Each tensor's CRC32C covers all of its bytes: a tensor read only in part
+  // has the rest read too (into the lanes' buffers, in the same parallel
+  // reads) so that every byte handed out is checked. The ranges a restore
+  // asks for usually cover their chunks together (a process's devices hold
+  // all of a chunk), and then nothing more is read.
+  std::vector<std::pair<size_t, std::vector<CrcSpan>>> checks;
+  for (auto& [tensor, of_tensor] : by_tensor) {
+    const format::ManifestTensor& t = ckpt->manifest.tensors[tensor];
+    auto whole = [&](size_t k) { return reads[k].offset == 0 && reads[k].len == t.bytes; };
+    auto it = std::find_if(of_tensor.begin(), of_tensor.end(), whole);
+    if (it != of_tensor.end()) {  // one read covers it all: that read is checked
+      checks.push_back({tensor, {CrcSpan{first_piece[*it], first_piece[*it + 1]}}});
+    } else {
+      checks.push_back({tensor, CoverTensor(t, reads, of_tensor, first_piece, &pieces)});
+    }
+  }
   std::vector<uint32_t> crcs;
   CO_TRY(co_await ReadPieces(pool, ckpt, &pieces, &crcs, progress));
-  for (size_t k = 0; k < reads.size(); ++k) {
-    const format::ManifestTensor& t = ckpt->manifest.tensors[reads[k].tensor];
-    if (reads[k].offset != 0 || reads[k].len != t.bytes) continue;  // partial: bounds only
+  for (const auto& check : checks) {
+    const format::ManifestTensor& t = ckpt->manifest.tensors[check.first];
     uint32_t crc = 0;
-    for (size_t i = first_piece[k]; i < first_piece[k + 1]; ++i) {
-      crc = i == first_piece[k] ? crcs[i] : format::Crc32cCombine(crc, crcs[i], pieces[i].len);
+    bool started = false;
+    auto fold = [&](uint32_t c, uint64_t len) {
+      crc = started ? format::Crc32cCombine(crc, c, len) : c;
+      started = true;
+    };
+    for (const CrcSpan& s : check.second) {
+      if (s.data != nullptr) {
+        const char* data = s.data;
+        const uint64_t len = s.len;
+        const uint32_t c = co_await pool->Run([data, len] { return format::Crc32c(data, len); });
+        fold(c, len);
+      }
+      for (size_t i = s.first; i < s.last; ++i) fold(crcs[i], pieces[i].len);
     }
     if (crc != t.crc32c) co_return CrcMismatch(*ckpt, t, crc);
   }

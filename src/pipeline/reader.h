@@ -50,8 +50,9 @@ struct RangeRead {
 };
 
 // Reads the ranges (in parallel, each a ranged read of its opened shard).
-// REQUIRES: each range within its tensor. A range that covers its whole
-// tensor is checked against the tensor's CRC32C.
+// REQUIRES: each range within its tensor. Every tensor read is checked
+// against its CRC32C: the bytes of a tensor that no range covers are read
+// too (not kept), ranges that cover it together need nothing more.
 Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<RangeRead>& reads,
                         const ProgressFn* progress = nullptr);
 

@@ -219,7 +219,7 @@ TEST_CASE("a restore of some tensors opens only their shards") {
   CHECK(all.status().message().find("shard-00000.safetensors") != std::string::npos);
 }
 
-TEST_CASE("restore of byte ranges: whole slices are CRC-checked, partial ones bounds-checked") {
+TEST_CASE("restore of byte ranges: every tensor read is CRC-checked, partial slices included") {
   TempDir dir;
   auto m = OpenOrDie(dir.path(), SmallOptions());
   auto ts = State(5, 4, 300'000);
@@ -247,7 +247,8 @@ TEST_CASE("restore of byte ranges: whole slices are CRC-checked, partial ones bo
   std::vector<TensorSlice> unknown = {{"nope", 0, 1, tail.data()}};
   CHECK(m->RestoreSlices(5, unknown).status().code() == StatusCode::kNotFound);
   // A flipped byte at 200,000 in layer1/w's data: the whole slice fails its
-  // CRC32C; a partial slice that does not cover it reads fine.
+  // CRC32C, and so does a slice that does not cover the byte (the rest of
+  // the tensor is read for the check), alone or with others.
   const std::string shard = dir / "checkpoint_5/shard-00001.safetensors";
   {
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
@@ -262,8 +263,63 @@ TEST_CASE("restore of byte ranges: whole slices are CRC-checked, partial ones bo
   CHECK(corrupt.status().code() == StatusCode::kCorruption);
   CHECK(corrupt.status().message().find(shard + ": tensor \"layer1/w\"") == 0);
   Bytes first(100'000);
-  CHECK(m->RestoreSlices(5, std::vector<TensorSlice>{{ts[1].name, 0, first.size(), first.data()}}).ok());
-  CHECK(std::equal(first.begin(), first.end(), ts[1].bytes.begin()));
+  auto partial = m->RestoreSlices(5, std::vector<TensorSlice>{{ts[1].name, 0, first.size(), first.data()}});
+  CHECK(partial.status().code() == StatusCode::kCorruption);
+  CHECK(partial.status().message().find(shard + ": tensor \"layer1/w\"") == 0);
+  CHECK(partial.status().message().find("CRC32C mismatch") != std::string::npos);
+  Bytes second(n - 300'000);  // [300,000, n): with `first`, two gaps around the flipped byte
+  auto two = m->RestoreSlices(5, std::vector<TensorSlice>{{ts[1].name, 0, first.size(), first.data()},
+                                                          {ts[1].name, 300'000, second.size(), second.data()}});
+  CHECK(two.status().code() == StatusCode::kCorruption);
+  // The other tensors of the shard are intact: a slice of one still reads.
+  CHECK(m->RestoreSlices(5, std::vector<TensorSlice>{{ts[3].name, 1000, part.size(), part.data()}}).ok());
+}
+
+TEST_CASE("restore of byte ranges: slices that tile, overlap or leave gaps in a tensor read its exact bytes") {
+  TempDir dir;
+  auto m = OpenOrDie(dir.path(), SmallOptions());
+  auto ts = State(6, 2, 5'000'000);  // 20 MB tensors: more than one 16 MiB read piece each
+  auto refs = Refs(ts);
+  REQUIRE(m->Save(6, refs)->Wait().ok());
+  const Bytes& want = ts[1].bytes;
+  const uint64_t n = want.size();
+  // Halves that tile it; two that overlap in part; a slice inside another; an
+  // empty one; one with gaps on both sides (the rest read for the CRC).
+  const std::vector<std::vector<std::pair<uint64_t, uint64_t>>> cases = {
+      {{0, n / 2}, {n / 2, n - n / 2}},
+      {{0, n / 2 + 4097}, {n / 2 - 123, n - (n / 2 - 123)}},
+      {{1000, 20'000}, {0, n}, {5000, 1}},
+      {{n / 3, 0}, {n - 16, 16}, {0, 16}},
+      {{17 << 20, 1 << 20}},
+  };
+  for (const auto& slices : cases) {
+    std::vector<Bytes> bufs;
+    std::vector<TensorSlice> asked;
+    for (auto [offset, len] : slices) bufs.emplace_back(len);
+    for (size_t i = 0; i < slices.size(); ++i) asked.push_back({ts[1].name, slices[i].first, slices[i].second, bufs[i].data()});
+    auto read = m->RestoreSlices(6, asked);
+    REQUIRE_MESSAGE(read.ok(), read.status().ToString());
+    for (size_t i = 0; i < slices.size(); ++i) {
+      CHECK(std::equal(bufs[i].begin(), bufs[i].end(), want.begin() + static_cast<ptrdiff_t>(slices[i].first)));
+    }
+  }
+  // A flipped byte in the part two overlapping slices share: found.
+  const std::string shard = dir / "checkpoint_6/shard-00001.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(f.good());
+    f.seekg(4096 + n / 2);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x40;
+    f.seekp(4096 + n / 2);
+    f.write(&c, 1);
+  }
+  Bytes a(n / 2 + 4097), b(n - (n / 2 - 123));
+  auto bad = m->RestoreSlices(6, std::vector<TensorSlice>{{ts[1].name, 0, a.size(), a.data()},
+                                                          {ts[1].name, n / 2 - 123, b.size(), b.data()}});
+  CHECK(bad.status().code() == StatusCode::kCorruption);
+  CHECK(bad.status().message().find(shard + ": tensor \"layer1/w\"") == 0);
 }
 
 TEST_CASE("restore into a buffer of the wrong shape names the tensor and both shapes") {
