@@ -32,7 +32,9 @@ Per tool, after one untimed warm-up save:
             the process (one-time set-up included), then again; another mesh,
             (8,) with every 2-D array cut into column strips P(None, 'x')
             (each device reads across every saved chunk); and the live arrays
-            as target.
+            as target. Then, in a new process started after the saving one
+            ended (as after a restart: the restored arrays' memory is all
+            fresh), the same mesh once more.
   memory    peak RSS over the RSS before each phase (VmHWM, reset through
             /proc/self/clear_refs): what the tool adds on top of the state;
             for restores, beyond the restored arrays' own device bytes.
@@ -273,6 +275,8 @@ TOOLS = {"ckptio": Ckptio, "orbax": Orbax}
 RESTORES = {"first": "first restore, same mesh (one-time set-up included)",
             "same": "same (4, 2) mesh, abstract target", "other": "(8,) mesh, P(None, 'x'), abstract target",
             "arrays": "the live arrays as target"}
+# Run by run_tool in a process of its own after the others (--restart).
+RESTART = ("restart", "in a new process, as after a restart: same mesh, into fresh memory")
 
 
 class OneProcess:
@@ -448,9 +452,44 @@ def run_child(a):
               "final_wait": final_wait, "loop_extra": loop_extra, "idle_loop": idle_loop,
               "idle_pure": a.loop_saves * a.compute_s, "restores": restores, "events": events,
               "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-              "load_before": load_before, "load_after": tc.loadavg()}
+              "load_before": load_before, "load_after": tc.loadavg(), "last_step": step}
     job.close()
     print("RESULT " + json.dumps(result), flush=True)
+
+
+# The kernel hands free memory back to the hypervisor in batches, starting 2 s
+# after it is freed (free page reporting, on this VM for blocks of 8 MiB and
+# up): 1 GiB freed took 3.5 GB/s to populate again 3 s later, 1.2 GB/s after
+# 6 s, 0.54 GB/s after 12 s (one thread). A trainer restarting takes longer.
+PAGE_REPORTING_S = 15.0
+
+
+def run_restart(a):
+    """The restore of step --restart in a new process, as after a restart:
+    nothing of the saving process's memory is left to reuse. Prints RESULT
+    <json>: its time, its peak RSS beyond the restored arrays."""
+    if a.child == "ckptio":
+        sys.path.insert(0, a.ckptio_python)
+    job = (OneProcess if a.process_id is None else TwoProcesses)(a)
+    import jax
+
+    target = abstract("saved", a.size)
+    tool = TOOLS[a.child](a.root, a.keep)
+    time.sleep(PAGE_REPORTING_S)  # the memory the saving process freed goes back to the hypervisor
+    job.sync("evict")
+    if job.index == 0:
+        evict(a.root)
+    job.sync("restore")
+    rss0 = reset_peak()
+    t0 = time.perf_counter()
+    restored = tool.restore(a.restart, target)
+    jax.block_until_ready(restored)
+    took = time.perf_counter() - t0
+    extra = status("VmHWM") - rss0 - device_bytes(restored)
+    check(job, restored, job.make_state(a.size), ["embed/positions", "layers/0/w_in"])
+    tool.close()
+    job.close()
+    print("RESULT " + json.dumps({"tool": a.child, "seconds": took, "extra": extra}), flush=True)
 
 
 # ---------------------------------------------------------------- the runner
@@ -473,7 +512,18 @@ def child_cmd(a, tool, root, loop_saves):
 
 
 def run_tool(a, tool, root):
-    cmd = child_cmd(a, tool, root, a.loop_saves)
+    r = run_one(a, child_cmd(a, tool, root, a.loop_saves))
+    if "error" not in r:
+        restart = run_one(a, child_cmd(a, tool, root, a.loop_saves) + ["--restart", str(r["last_step"])])
+        if "error" in restart:
+            r["restart_error"] = restart["error"]
+        else:
+            r["restores"]["restart"] = restart
+    return r
+
+
+def run_one(a, cmd):
+    tool = cmd[cmd.index("--child") + 1]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=child_env())
     except subprocess.TimeoutExpired:
@@ -493,7 +543,28 @@ def free_port():
 def run_tool_2p(a, tool, root):
     """One tool in 2 processes of 4 devices each (jax.distributed, process 0
     the coordinator), both writing to root; their results merged."""
-    cmd = child_cmd(a, tool, root, a.loop_saves_2p) + ["--port", str(free_port())]
+    r = run_two(a, tool, child_cmd(a, tool, root, a.loop_saves_2p))
+    if "error" not in r:
+        restart = run_two(a, tool, child_cmd(a, tool, root, a.loop_saves_2p)
+                          + ["--restart", str(r["last_step"])], merge_restart)
+        if "error" in restart:
+            r["restart_error"] = restart["error"]
+        else:
+            r["restores"]["restart"] = restart
+            for p, q in zip(r["per_process"], restart["per_process"]):
+                p["restores"]["restart"] = q
+    return r
+
+
+def merge_restart(procs):
+    return {"seconds": max(p["seconds"] for p in procs), "extra": max(p["extra"] for p in procs),
+            "per_process": procs}
+
+
+def run_two(a, tool, cmd, merge_results=None):
+    """cmd in 2 processes; their RESULTs merged (merge by default)."""
+    merge_results = merge_results or merge
+    cmd = cmd + ["--port", str(free_port())]
     env = child_env(DEVICES // 2)
     with tempfile.TemporaryFile("w+") as out0, tempfile.TemporaryFile("w+") as out1, \
             tempfile.TemporaryFile("w+") as err0, tempfile.TemporaryFile("w+") as err1:
@@ -516,7 +587,7 @@ def run_tool_2p(a, tool, root):
         # The first process to fail says why; its twin then only sees the coordinator go away.
         i, code, why = failures[0]
         return {"tool": tool, "error": f"process {i} exit {code}: {why}"}
-    return merge(results)
+    return merge_results(results)
 
 
 def wait_both(procs, timeout):
@@ -547,7 +618,7 @@ def merge(procs):
                 "max_rss"):
         r[key] = max(p[key] for p in procs)
     r["restores"] = {kind: {"seconds": max(p["restores"][kind]["seconds"] for p in procs),
-                            "extra": max(p["restores"][kind]["extra"] for p in procs)} for kind in r["restores"]}
+                            "extra": max(p["restores"][kind]["extra"] for p in procs)} for kind in RESTORES}
     r["device_bytes"] = sum(p["device_bytes"] for p in procs)
     r["load_before"] = [max(p["load_before"][0] for p in procs)]
     r["load_after"] = [max(p["load_after"][0] for p in procs)]
@@ -619,7 +690,7 @@ def rows(results, fio):
         ("seed loop overhead, host idle between saves (an accelerator computes)",
          lambda r: tc.pct(idle_overhead(r)), idle_overhead),
     ]
-    metrics += [(f"restore: {title}", *restore(kind)) for kind, title in RESTORES.items()]
+    metrics += [(f"restore: {title}", *restore(kind)) for kind, title in list(RESTORES.items()) + [RESTART]]
     metrics += [
         ("RSS held between saves (after the warm-up save, over the state's)", lambda r: mib(r["held"]),
          lambda r: r["held"]),
@@ -632,10 +703,15 @@ def rows(results, fio):
     ]
     out = []
     for title, cell, value in metrics:
-        cells = {t: cell(r) for t, r in ok.items()}
+        cells, values = {}, {}
+        for t, r in ok.items():
+            try:
+                cells[t], values[t] = cell(r), value(r)
+            except KeyError:  # a phase that did not run (its error is reported below the table)
+                cells[t] = "-"
         ratio = ""
-        if "ckptio" in ok and "orbax" in ok and value(ok["orbax"]) > 0:
-            ratio = f"{value(ok['ckptio']) / value(ok['orbax']):.2f}x"
+        if "ckptio" in values and "orbax" in values and values["orbax"] > 0:
+            ratio = f"{values['ckptio'] / values['orbax']:.2f}x"
         out.append((title, cells, ratio))
     return out
 
@@ -648,6 +724,10 @@ def table(results, fio, tools):
         lines.append(f"| {title} | " + " | ".join(cells.get(t, "-") for t in tools) + f" | {ratio} |")
     for tool, why in errors.items():
         lines.append(f"| {tool} could not run here | {why} |" + " |" * len(tools))
+    for r in results:
+        if "restart_error" in r:
+            lines.append(f"| {r['tool']}: the restore in a new process failed | {r['restart_error']} |"
+                         + " |" * len(tools))
     return "\n".join(lines)
 
 
@@ -678,7 +758,13 @@ def report(a, results, fio, seconds, command, results_2p=None):
         "",
         tc.orbax_split([dict(r, saves=a.saves + a.loop_saves) for r in ok if r["tool"] == "orbax"]),
         "",
-        "Restore cells: time, state bytes / time, and that over fio's O_DIRECT read rate. Peak RSS rows: VmHWM "
+        "Restore cells: time, state bytes / time, and that over fio's O_DIRECT read rate. The restores in the "
+        "saving process can reuse memory the process already holds (freed by earlier saves and restores: orbax's "
+        "saves copy the state to host memory, ckptio's borrow it, so ckptio's first restore finds little); the "
+        f"restore in a new process (started {PAGE_REPORTING_S:g} s after the saving process ended, as a restarted "
+        "trainer would: this VM's kernel hands freed memory back to the hypervisor, and taking it again costs a "
+        "hypervisor fault per page, 0.5-1.2 GB/s here) cannot: all of the restored arrays' memory is fresh there, "
+        "for both tools. Peak RSS rows: VmHWM "
         "over the RSS before the phase (the state already resident), for restores beyond the restored arrays' own "
         "device bytes. Seed loop overhead: (wall of the loop, final wait included - wall of the same compute "
         "without saves) / the latter.\n",
@@ -709,7 +795,7 @@ def report_2p(a, results, fio):
         f"worst restore beyond the arrays {both(r, lambda p: max(x['extra'] for x in p['restores'].values()), mib)}"
         f"; blocked per save, the blocked saves then the loop's (ms) "
         + both(r, lambda p: p["blocked"] + p["loop_blocked"], lambda xs: " ".join(f"{x * 1e3:.0f}" for x in xs))
-        + "; restores, first, same, other, arrays (s) " + both(r, lambda p: p["restores"],
+        + "; restores, " + ", ".join(r["restores"]) + " (s) " + both(r, lambda p: p["restores"],
                                    lambda rs: " ".join(f"{x['seconds']:.2f}" for x in rs.values()))
         for r in ok]
     return "\n".join([
@@ -750,6 +836,7 @@ def main(argv=None):
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--process-id", type=int, choices=(0, 1), help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--restart", type=int, help=argparse.SUPPRESS)
     command = " ".join([".venv-bench/bin/python", os.path.relpath(os.path.abspath(__file__), ROOT)]
                        + (sys.argv[1:] if argv is None else argv))
     a = ap.parse_args(argv)
@@ -764,7 +851,7 @@ def main(argv=None):
         ap.error(f"--tools takes {', '.join(TOOLS)}, got {','.join(a.tools)!r}")
     a.ckptio_python = os.path.abspath(a.ckptio_python)
     if a.child:
-        return run_child(a)
+        return run_restart(a) if a.restart is not None else run_child(a)
 
     base = os.path.abspath(a.dir)
     os.makedirs(base, exist_ok=True)
