@@ -22,7 +22,8 @@ Per tool, after one untimed warm-up save:
   seed loop --loop-saves saves with a fixed amount of jitted jax compute
             (batched matmuls on the 8 devices, calibrated to --compute-s on
             its own) before each; overhead = (loop wall, final wait included
-            - the same compute's wall without saves) / the latter. The
+            - the same compute's wall without saves, the mean of a run
+            before the loop and one after it) / the latter. The
             compute takes both cores: a CPU-bound trainer that the tool's
             background work competes with.
   restore   the last step, with the checkpoint's pages evicted from the page
@@ -394,11 +395,17 @@ def run_child(a):
         tool.wait()
     save_extra = status("VmHWM") - rss0
 
-    job.sync("pure")
-    pure = time.perf_counter()
-    for _ in range(a.loop_saves):
-        compute.step()
-    pure = time.perf_counter() - pure
+    def pure_compute():
+        job.sync("pure")
+        t0 = time.perf_counter()
+        for _ in range(a.loop_saves):
+            compute.step()
+        return time.perf_counter() - t0
+
+    # The compute alone, before the loop and after it: the machine's speed
+    # drifts by several % over minutes here, as much as the overhead measured;
+    # the loop is set against the mean of the two, and the report gives both.
+    pure_before = pure_compute()
     job.sync("loop")
     rss0 = reset_peak()
     loop_blocked = []
@@ -414,6 +421,8 @@ def run_child(a):
     final_wait = time.perf_counter() - t0
     loop = time.perf_counter() - start
     loop_extra = status("VmHWM") - rss0
+    pure_after = pure_compute()
+    pure = (pure_before + pure_after) / 2
     # The same loop with the host idle between saves (time.sleep), as a host
     # waits while its accelerator computes: the tool's background work has
     # the cores to itself.
@@ -448,7 +457,7 @@ def run_child(a):
     result = {"tool": a.child, "via": tool.via, "state_bytes": state_bytes, "device_bytes": state_device_bytes,
               "arrays": len(leaves(state)), "first_save": first_save, "held": held, "blocked": blocked,
               "save_extra": save_extra,
-              "compute_calls": compute.calls, "pure": pure, "loop": loop, "loop_blocked": loop_blocked,
+              "compute_calls": compute.calls, "pure": pure, "pure_runs": [pure_before, pure_after], "loop": loop, "loop_blocked": loop_blocked,
               "final_wait": final_wait, "loop_extra": loop_extra, "idle_loop": idle_loop,
               "idle_pure": a.loop_saves * a.compute_s, "restores": restores, "events": events,
               "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -612,7 +621,7 @@ def merge(procs):
     save for the per-save lists), every memory figure the larger process's,
     the device bytes both processes'; the processes' own under per_process."""
     r = dict(procs[0])
-    for key in ("blocked", "loop_blocked"):
+    for key in ("blocked", "loop_blocked", "pure_runs"):
         r[key] = [max(xs) for xs in zip(*(p[key] for p in procs))]
     for key in ("first_save", "pure", "loop", "final_wait", "idle_loop", "held", "save_extra", "loop_extra",
                 "max_rss"):
@@ -743,8 +752,9 @@ def report(a, results, fio, seconds, command, results_2p=None):
         disk = (f"fio O_DIRECT on the same disk, {fio['gib']} GiB, 8 MiB requests: read {mb_s(fio['read'])}, "
                 f"write {mb_s(fio['write'])} (fsync at the end)")
     loads = [x for r in ok for x in (r["load_before"][0], r["load_after"][0])]
-    calls = ", ".join(f"{r['tool']} {r['compute_calls']} calls, {r['pure'] / a.loop_saves:.2f} s per step alone"
-                      for r in ok)
+    calls = ", ".join(f"{r['tool']} {r['compute_calls']} calls, "
+                      + " and ".join(f"{x / a.loop_saves:.2f}" for x in r["pure_runs"])
+                      + " s per step alone before and after its loop" for r in ok)
     parts = [
         "## Sharded jax.Arrays: ckptio and orbax-checkpoint, one process, 8 CPU devices\n",
         f"{os.cpu_count()} cpus; {tc.versions()}; measured in {seconds / 60:.1f} min; 1-minute load average "
@@ -767,7 +777,7 @@ def report(a, results, fio, seconds, command, results_2p=None):
         "for both tools. Peak RSS rows: VmHWM "
         "over the RSS before the phase (the state already resident), for restores beyond the restored arrays' own "
         "device bytes. Seed loop overhead: (wall of the loop, final wait included - wall of the same compute "
-        "without saves) / the latter.\n",
+        "without saves, the mean of a run before the loop and one after it) / the latter.\n",
         "Peak RSS beyond the restored arrays, each restore: " + "; ".join(
             f"{r['tool']} " + ", ".join(f"{kind} {mib(x['extra'])}" for kind, x in r["restores"].items())
             for r in ok) + ".\n",
@@ -783,7 +793,9 @@ def report(a, results, fio, seconds, command, results_2p=None):
 
 def report_2p(a, results, fio):
     ok = [r for r in results if "error" not in r]
-    calls = ", ".join(f"{r['tool']} {r['compute_calls']} calls, {r['pure'] / a.loop_saves_2p:.2f} s per step alone"
+    calls = ", ".join(f"{r['tool']} {r['compute_calls']} calls, "
+                      + " and ".join(f"{x / a.loop_saves_2p:.2f}" for x in r["pure_runs"])
+                      + " s per step alone before and after its loop"
                       for r in ok)
 
     def both(r, fn, fmt):
