@@ -178,7 +178,11 @@ struct CrcSpan {
 std::vector<CrcSpan> CoverTensor(const format::ManifestTensor& t, const std::vector<RangeRead>& reads,
                                  std::vector<size_t> of_tensor, const std::vector<size_t>& first_piece,
                                  std::vector<Piece>* pieces) {
-  std::sort(of_tensor.begin(), of_tensor.end(), [&](size_t a, size_t b) { return reads[a].offset < reads[b].offset; });
+  // By offset, the longer first where two start together: a read that covers
+  // the whole tensor comes first and every other read is inside it.
+  std::sort(of_tensor.begin(), of_tensor.end(), [&](size_t a, size_t b) {
+    return reads[a].offset != reads[b].offset ? reads[a].offset < reads[b].offset : reads[a].len > reads[b].len;
+  });
   std::vector<CrcSpan> spans;
   auto gap = [&](uint64_t from, uint64_t to) {
     const size_t first = pieces->size();
@@ -224,14 +228,7 @@ Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const st
   // all of a chunk), and then nothing more is read.
   std::vector<std::pair<size_t, std::vector<CrcSpan>>> checks;
   for (auto& [tensor, of_tensor] : by_tensor) {
-    const format::ManifestTensor& t = ckpt->manifest.tensors[tensor];
-    auto whole = [&](size_t k) { return reads[k].offset == 0 && reads[k].len == t.bytes; };
-    auto it = std::find_if(of_tensor.begin(), of_tensor.end(), whole);
-    if (it != of_tensor.end()) {  // one read covers it all: that read is checked
-      checks.push_back({tensor, {CrcSpan{first_piece[*it], first_piece[*it + 1]}}});
-    } else {
-      checks.push_back({tensor, CoverTensor(t, reads, of_tensor, first_piece, &pieces)});
-    }
+    checks.push_back({tensor, CoverTensor(ckpt->manifest.tensors[tensor], reads, of_tensor, first_piece, &pieces)});
   }
   std::vector<uint32_t> crcs;
   CO_TRY(co_await ReadPieces(pool, ckpt, &pieces, &crcs, progress));
