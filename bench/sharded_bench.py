@@ -521,9 +521,9 @@ def child_cmd(a, tool, root, loop_saves):
 
 
 def run_tool(a, tool, root):
-    r = run_one(a, child_cmd(a, tool, root, a.loop_saves))
+    r = run_one(a, tool, child_cmd(a, tool, root, a.loop_saves))
     if "error" not in r:
-        restart = run_one(a, child_cmd(a, tool, root, a.loop_saves) + ["--restart", str(r["last_step"])])
+        restart = run_one(a, tool, child_cmd(a, tool, root, a.loop_saves) + ["--restart", str(r["last_step"])])
         if "error" in restart:
             r["restart_error"] = restart["error"]
         else:
@@ -531,8 +531,7 @@ def run_tool(a, tool, root):
     return r
 
 
-def run_one(a, cmd):
-    tool = cmd[cmd.index("--child") + 1]
+def run_one(a, tool, cmd):
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=child_env())
     except subprocess.TimeoutExpired:
