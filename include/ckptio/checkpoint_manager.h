@@ -214,7 +214,10 @@ class CKPTIO_EXPORT CheckpointManager {
   // against its CRC32C, which covers the whole tensor: the slices of one
   // call that cover a tensor together are checked as they are, and where
   // they cover only part of it the rest is read as well (and dropped) for
-  // the check. Returns the step read.
+  // the check. A slice of several rows (a box of a row-major array: a
+  // device's columns of a chunk) has each row read straight into place, the
+  // rows of all the slices of a tensor together in file order (vectored
+  // reads). Returns the step read.
   Result<int64_t> RestoreSlices(std::optional<int64_t> step, std::span<const TensorSlice> slices);
 
   // Reads checkpoint `step` (latest committed if nullopt) from first tensor

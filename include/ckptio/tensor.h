@@ -55,12 +55,20 @@ struct MutableTensorRef {
 
 // A byte range of a saved tensor's (row-major) data to restore into a caller
 // buffer of `length` bytes: e.g. the rows a process needs of a tensor that
-// another process saved whole.
+// another process saved whole. With rows > 1, that many ranges of `length`
+// bytes: row i from offset + i * stride of the tensor's data to
+// data + i * dst_stride (e.g. the columns [c0, c1) of an R x C float32 matrix
+// into an R x (c1 - c0) buffer: offset 4 * c0, length 4 * (c1 - c0), rows R,
+// stride 4 * C, dst_stride 4 * (c1 - c0)). The rows of all the slices of a
+// tensor are read together, once, straight into place.
 struct TensorSlice {
   std::string name;
   uint64_t offset = 0;  // bytes into the tensor's data
-  uint64_t length = 0;
+  uint64_t length = 0;  // of each row
   void* data = nullptr;
+  uint64_t rows = 1;
+  uint64_t stride = 0;      // with rows > 1: at least length
+  uint64_t dst_stride = 0;  // with rows > 1: at least length
 };
 
 // An allocator whose value-less construct() leaves memory uninitialized, so

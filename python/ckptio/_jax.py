@@ -18,6 +18,7 @@ already holds jax objects (sys.modules["jax"]).
 """
 import concurrent.futures
 import ctypes
+import itertools
 import sys
 
 import numpy as np
@@ -175,6 +176,42 @@ def _contiguous_rows(region, shape):
     return first, count
 
 
+def _strided_rows(region, shape, out_region, out_shape, itemsize):
+    """For a box of a chunk (`region` of `shape`) that lands in box
+    `out_region` of an array of `out_shape`: [(chunk byte offset, out byte
+    offset, run bytes, rows, chunk stride, out stride), ...], the box as runs
+    of contiguous bytes in both (the axes after the runs' one span both whole),
+    rows of them along the axis before, one such slice per index of the axes
+    before that. None if the runs are short (many small reads), or the box is
+    contiguous in both (one run: _contiguous_rows)."""
+    rank = len(shape)
+    k = rank - 1  # the runs span axes k.. (those after k whole in both)
+    while k > 0 and region[k] == (0, shape[k]) and out_region[k] == (0, out_shape[k]):
+        k -= 1
+    if k == 0:
+        return None
+    strides, out_strides = [1] * rank, [1] * rank
+    for a in reversed(range(rank - 1)):
+        strides[a] = strides[a + 1] * shape[a + 1]
+        out_strides[a] = out_strides[a + 1] * out_shape[a + 1]
+    run = (region[k][1] - region[k][0]) * strides[k] * itemsize
+    if run < _MIN_RUN:
+        return None
+    rows = region[k - 1][1] - region[k - 1][0]
+    slices = []
+    for outer in itertools.product(*(range(lo, hi) for lo, hi in region[:k - 1])):
+        index = outer + tuple(lo for lo, _ in region[k - 1:])
+        out_index = tuple(i - lo + olo for i, (lo, _), (olo, _) in zip(index, region, out_region))
+        src = sum(i * st for i, st in zip(index, strides))
+        dst = sum(i * st for i, st in zip(out_index, out_strides))
+        slices.append((src * itemsize, dst * itemsize, run, rows, strides[k - 1] * itemsize,
+                       out_strides[k - 1] * itemsize))
+    return slices
+
+
+# Below this many bytes per row, a box is read with its whole chunk into a
+# temporary and copied out (each row of a strided read is a buffer of its own).
+_MIN_RUN = 1024
 _ALIGN = 4096
 _HUGE = 2 << 20
 _MADV_HUGEPAGE = 14
@@ -230,8 +267,11 @@ class Reads:
     """Byte-range reads of many boxes of many arrays, done together in one
     restore_slices call (parallel, ranged) per batch. A chunk part that is
     contiguous both in the chunk and in the destination is read straight into
-    place; otherwise the chunk is read once, whole, into a temporary that
-    every destination box overlapping it copies from. Either way the chunk's
+    place, and so is one made of rows of at least _MIN_RUN bytes (a strided
+    slice: restore_slices reads the rows of every slice of a chunk together,
+    in file order, each into its place); otherwise the chunk is read once,
+    whole, into a temporary that every destination box overlapping it copies
+    from. Either way the chunk's
     CRC32C is checked (restore_slices also reads, and drops, the bytes of a
     chunk that no part of the batch covers). A
     batch is run once its buffers pass `limit` bytes (full()), and its arrays
@@ -272,6 +312,12 @@ class Reads:
                 dst = _contiguous_rows(in_out, out.shape)
                 if src is not None and dst is not None:
                     self.slices.append((tensor, src[0] * itemsize, flat[dst[0]:dst[0] + dst[1]]))
+                    continue
+                strided = _strided_rows(in_chunk, shape, in_out, out.shape, itemsize)
+                if strided is not None:  # each row straight into place
+                    raw = flat.view(np.uint8)
+                    for src_off, dst_off, run, rows, stride, dst_stride in strided:
+                        self.slices.append((tensor, src_off, raw[dst_off:], run, rows, stride, dst_stride))
                     continue
                 temp = self.temps.get(tensor)
                 if temp is None:

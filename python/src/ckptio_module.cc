@@ -477,22 +477,46 @@ class PyManager {
 
   // Reads byte ranges of named tensors of checkpoint `step` into writable
   // buffers: [(name, byte offset into the tensor, buffer), ...]; the length
-  // read is each buffer's size. Returns the step read.
+  // read is each buffer's size. Or (name, offset, buffer, length, rows,
+  // stride, dst_stride): `rows` ranges of `length` bytes, row i from offset +
+  // i * stride to the buffer's byte i * dst_stride (TensorSlice). Returns the
+  // step read.
   int64_t RestoreSlices(std::optional<int64_t> step, const py::list& slices) {
     auto m = Get();
     std::vector<TensorSlice> refs;
     refs.reserve(py::len(slices));
     for (py::handle item : slices) {
       auto slice = py::cast<py::tuple>(item);
-      if (slice.size() != 3) Check(InvalidArgumentError("restore_slices: each slice is (name, offset, buffer)"));
+      if (slice.size() != 3 && slice.size() != 7) {
+        Check(InvalidArgumentError("restore_slices: each slice is (name, offset, buffer) or (name, offset, buffer, "
+                                   "length, rows, stride, dst_stride)"));
+      }
       auto name = py::cast<std::string>(slice[0]);
       if (!py::isinstance<py::array>(slice[2])) Check(InvalidArgumentError("restore_slices: tensor \"" + name + "\": the buffer is not a numpy array"));
       auto buffer = py::reinterpret_borrow<py::array>(slice[2]);
       if ((buffer.flags() & py::array::c_style) == 0 || !buffer.writeable()) {
         Check(InvalidArgumentError("restore_slices: tensor \"" + name + "\": the buffer is not a writable C-contiguous array"));
       }
-      refs.push_back({std::move(name), py::cast<uint64_t>(slice[1]), static_cast<uint64_t>(buffer.nbytes()),
-                      buffer.mutable_data()});
+      TensorSlice ref{std::move(name), py::cast<uint64_t>(slice[1]), static_cast<uint64_t>(buffer.nbytes()),
+                      buffer.mutable_data()};
+      if (slice.size() == 7) {
+        ref.length = py::cast<uint64_t>(slice[3]);
+        ref.rows = py::cast<uint64_t>(slice[4]);
+        ref.stride = py::cast<uint64_t>(slice[5]);
+        ref.dst_stride = py::cast<uint64_t>(slice[6]);
+        // The rows must land inside the buffer: (rows - 1) * dst_stride + length.
+        const uint64_t nbytes = static_cast<uint64_t>(buffer.nbytes());
+        const bool inside = ref.rows == 0 || ref.length == 0 ||
+                            (ref.length <= nbytes && (ref.rows == 1 || (ref.dst_stride > 0 &&
+                             ref.rows - 1 <= (nbytes - ref.length) / ref.dst_stride)));
+        if (!inside) {
+          Check(InvalidArgumentError("restore_slices: tensor \"" + ref.name + "\": " + std::to_string(ref.rows) +
+                                     " rows of " + std::to_string(ref.length) + " bytes at dst_stride " +
+                                     std::to_string(ref.dst_stride) + " do not fit the buffer of " +
+                                     std::to_string(nbytes) + " bytes"));
+        }
+      }
+      refs.push_back(std::move(ref));
     }
     Result<int64_t> read = [&] {
       py::gil_scoped_release release;

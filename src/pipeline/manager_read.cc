@@ -152,6 +152,45 @@ Task<Status> ManagerImpl::RestoreIntoTask(int64_t step, std::span<const MutableT
   co_return co_await ReadRanges(pool_.get(), &c, reads);
 }
 
+namespace {
+
+// Whether `want` lies within its tensor of `bytes` bytes, rows and all, and
+// its rows within a destination that does not wrap around.
+Status CheckSlice(const TensorSlice& want, uint64_t bytes) {
+  const std::string tensor = "tensor \"" + want.name + "\"";
+  if (want.rows > 1 && (want.stride < want.length || want.dst_stride < want.length)) {
+    return InvalidArgumentError(tensor + ": a slice of " + std::to_string(want.rows) + " rows of " +
+                                std::to_string(want.length) + " bytes needs a stride and a dst_stride of at least " +
+                                std::to_string(want.length) + ", got " + std::to_string(want.stride) + " and " +
+                                std::to_string(want.dst_stride));
+  }
+  // The last row's start: offset + (rows - 1) * stride, which must not pass
+  // bytes - length (no overflow: each step checked against what is left).
+  const uint64_t last = want.rows > 1 ? want.rows - 1 : 0;
+  const bool fits = want.offset <= bytes && want.length <= bytes - want.offset &&
+                    (last == 0 || (want.stride > 0 && last <= (bytes - want.offset - want.length) / want.stride));
+  if (!fits) {
+    return InvalidArgumentError(tensor + " has " + std::to_string(bytes) + " bytes: the slice of " +
+                                (want.rows > 1 ? std::to_string(want.rows) + " rows of " : std::string()) +
+                                std::to_string(want.length) + " bytes at offset " + std::to_string(want.offset) +
+                                (want.rows > 1 ? " (stride " + std::to_string(want.stride) + ")" : std::string()) +
+                                " is out of range");
+  }
+  uint64_t extent = 0;
+  if (last > 0 && (__builtin_mul_overflow(last, want.dst_stride, &extent) ||
+                   __builtin_add_overflow(extent, want.length, &extent) ||
+                   __builtin_add_overflow(reinterpret_cast<uintptr_t>(want.data), extent, &extent))) {
+    return InvalidArgumentError(tensor + ": the slice's rows at dst_stride " + std::to_string(want.dst_stride) +
+                                " run past the end of the address space");
+  }
+  if (want.length > 0 && want.rows > 0 && want.data == nullptr) {
+    return InvalidArgumentError(tensor + ": destination buffer is null");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Task<Status> ManagerImpl::RestoreSlicesTask(int64_t step, std::span<const TensorSlice> slices) {
   CO_ASSIGN_OR_RETURN(OpenedCheckpoint c,
                       co_await OpenCheckpoint(storage_.get(), StepName(step), ShardsHolding(slices)));
@@ -160,15 +199,9 @@ Task<Status> ManagerImpl::RestoreSlicesTask(int64_t step, std::span<const Tensor
   for (const TensorSlice& want : slices) {
     CO_ASSIGN_OR_RETURN(size_t index, by_name.Find(want.name));
     const format::ManifestTensor& t = c.manifest.tensors[index];
-    if (want.offset > t.bytes || want.length > t.bytes - want.offset) {  // no overflow: offset <= bytes first
-      co_return InvalidArgumentError("tensor \"" + want.name + "\" has " + std::to_string(t.bytes) +
-                                     " bytes: the slice of " + std::to_string(want.length) + " bytes at offset " +
-                                     std::to_string(want.offset) + " is out of range");
-    }
-    if (want.length > 0 && want.data == nullptr) {
-      co_return InvalidArgumentError("tensor \"" + want.name + "\": destination buffer is null");
-    }
-    reads.push_back({index, want.offset, want.length, static_cast<char*>(want.data)});
+    CO_TRY(CheckSlice(want, t.bytes));
+    reads.push_back({index, want.offset, want.length, static_cast<char*>(want.data), want.rows, want.stride,
+                     want.dst_stride});
   }
   co_return co_await ReadRanges(pool_.get(), &c, reads);
 }

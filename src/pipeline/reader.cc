@@ -1,6 +1,8 @@
 #include "pipeline/reader.h"
 
 #include <algorithm>
+#include <cstring>
+#include <utility>
 #include <map>
 #include <memory>
 
@@ -15,19 +17,29 @@ constexpr size_t kPiece = size_t{16} << 20;
 constexpr size_t kLanes = 8;
 
 // A range of one shard file to read and checksum. tensor < 0: not part of a
-// tensor (the header). dst null: read into the lane's own buffer.
+// tensor (the header). dst null: read into the lane's own buffer. A scattered
+// piece (first_part < last_part, dst null) reads into its parts in turn.
 struct Piece {
   size_t shard;
   uint64_t offset;
   size_t len;
   char* dst;
   int64_t tensor;
+  size_t first_part = 0, last_part = 0;
+};
+
+// A run of a scattered piece's bytes: into dst, or (null) into the lane's own
+// buffer, only to be checked.
+struct Part {
+  uint64_t len;
+  char* dst;
 };
 
 struct PieceWork {
   runtime::CpuPool* pool;
   OpenedCheckpoint* ckpt;
   const std::vector<Piece>* pieces;
+  const std::vector<Part>* parts;
   std::vector<uint32_t>* crcs;
   const ProgressFn* progress;
   uint64_t total;
@@ -38,32 +50,54 @@ struct PieceWork {
 
 Task<void> PieceLane(PieceWork* w) {
   std::unique_ptr<char[]> own;
+  std::vector<struct iovec> iov, spans;  // spans: iov as it was before the read advanced it
   while (w->next < w->pieces->size() && w->first_error.ok()) {
     size_t i = w->next++;
     const Piece& p = (*w->pieces)[i];
     char* buf = p.dst;
-    if (buf == nullptr) {
+    auto lane_buffer = [&own] {
       if (!own) own.reset(new char[kPiece]);
-      buf = own.get();
+      return own.get();
+    };
+    Status s;
+    spans.clear();
+    if (p.last_part > p.first_part) {
+      size_t used = 0;  // of the lane's buffer, by the parts only checked
+      for (size_t k = p.first_part; k < p.last_part; ++k) {
+        const Part& part = (*w->parts)[k];
+        char* d = part.dst;
+        if (d == nullptr) d = lane_buffer() + std::exchange(used, used + part.len);
+        spans.push_back({d, part.len});
+      }
+      iov = spans;
+      s = co_await w->ckpt->shards[p.shard]->ReadAtV(p.offset, iov);
+    } else {
+      if (buf == nullptr) buf = lane_buffer();
+      s = co_await w->ckpt->shards[p.shard]->ReadAt(p.offset, buf, p.len);
+      spans.push_back({buf, p.len});
     }
-    Status s = co_await w->ckpt->shards[p.shard]->ReadAt(p.offset, buf, p.len);
     if (!s.ok()) {
       if (w->first_error.ok()) w->first_error = std::move(s);
       co_return;
     }
-    size_t len = p.len;
-    auto crc = [buf, len] { return format::Crc32c(buf, len); };
+    const std::vector<struct iovec>* of = &spans;
+    auto crc = [of] {
+      uint32_t c = 0;
+      for (const struct iovec& v : *of) c = format::Crc32cExtend(c, v.iov_base, v.iov_len);
+      return c;
+    };
     (*w->crcs)[i] = co_await w->pool->Run(crc);
-    w->done += len;
+    w->done += p.len;
     if (w->progress != nullptr && *w->progress) (*w->progress)(w->done, w->total);
   }
 }
 
 Task<Status> ReadPieces(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<Piece>* pieces,
-                        std::vector<uint32_t>* crcs, const ProgressFn* progress) {
+                        std::vector<uint32_t>* crcs, const ProgressFn* progress, const std::vector<Part>* parts = nullptr) {
   uint64_t total = 0;
   for (const Piece& p : *pieces) total += p.len;
-  PieceWork work{pool, ckpt, pieces, crcs, progress, total, 0, 0, Status::Ok()};
+  static const std::vector<Part> kNoParts;
+  PieceWork work{pool, ckpt, pieces, parts ? parts : &kNoParts, crcs, progress, total, 0, 0, Status::Ok()};
   crcs->assign(pieces->size(), 0);
   std::vector<Task<void>> lanes;
   for (size_t i = 0; i < kLanes; ++i) lanes.push_back(PieceLane(&work));
@@ -163,93 +197,131 @@ Task<Status> ReadTensors(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, std::ve
 
 namespace {
 
-// One run of a tensor's bytes in the CRC32C check of ReadRanges, in order: the
-// pieces [first, last) (of a read, or of a gap no read covers), or bytes of a
-// destination already read (where two reads overlap in part).
-struct CrcSpan {
-  size_t first = 0, last = 0;
-  const char* data = nullptr;
-  uint64_t len = 0;
+// One run of a tensor's bytes to read: `len` bytes at `offset` of its data
+// into dst (null: only checked).
+struct Run {
+  uint64_t offset;
+  uint64_t len;
+  char* dst;
 };
 
-// The spans that cover tensor `t`'s bytes once, from the reads of it (indices
-// into `reads`, `first_piece` their pieces); the gaps between them are added
-// to `pieces` as reads into the lanes' own buffers.
-std::vector<CrcSpan> CoverTensor(const format::ManifestTensor& t, const std::vector<RangeRead>& reads,
-                                 std::vector<size_t> of_tensor, const std::vector<size_t>& first_piece,
-                                 std::vector<Piece>* pieces) {
-  // By offset, the longer first where two start together: a read that covers
-  // the whole tensor comes first and every other read is inside it.
-  std::sort(of_tensor.begin(), of_tensor.end(), [&](size_t a, size_t b) {
-    return reads[a].offset != reads[b].offset ? reads[a].offset < reads[b].offset : reads[a].len > reads[b].len;
-  });
-  std::vector<CrcSpan> spans;
-  auto gap = [&](uint64_t from, uint64_t to) {
-    const size_t first = pieces->size();
-    AddPieces(pieces, t.shard, t.offset + from, to - from, nullptr, -1);
-    spans.push_back({first, pieces->size()});
-  };
-  uint64_t covered = 0;  // bytes [0, covered) have their span
+// The runs that read tensor `t` once, in order, for the rows of `reads` (its
+// reads); rows that overlap bytes an earlier row reads go to `copies`, to be
+// copied from the runs once read.
+std::vector<Run> CoverTensor(const format::ManifestTensor& t, const std::vector<RangeRead>& reads,
+                             const std::vector<size_t>& of_tensor, std::vector<Run>* copies) {
+  std::vector<Run> rows;
   for (size_t k : of_tensor) {
     const RangeRead& r = reads[k];
-    const uint64_t end = r.offset + r.len;
-    if (end <= covered) continue;  // inside what is covered already (a replica's copy, say)
-    if (r.offset > covered) gap(covered, r.offset);
-    if (r.offset >= covered) {
-      spans.push_back({first_piece[k], first_piece[k + 1]});
-    } else {
-      spans.push_back({0, 0, r.dst + (covered - r.offset), end - covered});
+    for (uint64_t i = 0; i < r.rows && r.len > 0; ++i) {
+      rows.push_back({r.offset + i * r.stride, r.len, r.dst + i * r.dst_stride});
     }
+  }
+  // By offset, the longer first where two start together.
+  std::sort(rows.begin(), rows.end(), [](const Run& a, const Run& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.len > b.len;
+  });
+  std::vector<Run> runs;
+  uint64_t covered = 0;  // bytes [0, covered) have their run
+  for (const Run& row : rows) {
+    const uint64_t end = row.offset + row.len;
+    if (end <= covered) {  // inside what is read already (a replica's copy, say)
+      copies->push_back(row);
+      continue;
+    }
+    if (row.offset > covered) runs.push_back({covered, row.offset - covered, nullptr});
+    if (row.offset < covered) copies->push_back({row.offset, covered - row.offset, row.dst});
+    const uint64_t from = std::max(row.offset, covered);
+    runs.push_back({from, end - from, row.dst + (from - row.offset)});
     covered = end;
   }
-  if (covered < t.bytes) gap(covered, t.bytes);
-  return spans;
+  if (covered < t.bytes) runs.push_back({covered, t.bytes - covered, nullptr});
+  return runs;
+}
+
+// At most this many buffers in one vectored read (IOV_MAX).
+constexpr size_t kMaxParts = 1024;
+
+// Cuts a tensor's runs into pieces of at most kPiece bytes and kMaxParts
+// runs: one run, a plain read; several, a scattered one (`parts`).
+void AddRuns(std::vector<Piece>* pieces, std::vector<Part>* parts, const format::ManifestTensor& t,
+             const std::vector<Run>& runs) {
+  size_t r = 0;
+  uint64_t used = 0;  // of runs[r]
+  while (r < runs.size()) {
+    const uint64_t start = runs[r].offset + used;
+    const size_t first = parts->size();
+    uint64_t len = 0;
+    while (r < runs.size() && len < kPiece && parts->size() - first < kMaxParts) {
+      const uint64_t n = std::min<uint64_t>(runs[r].len - used, kPiece - len);
+      parts->push_back({n, runs[r].dst ? runs[r].dst + used : nullptr});
+      len += n;
+      used += n;
+      if (used == runs[r].len) ++r, used = 0;
+    }
+    if (parts->size() - first == 1) {  // a plain read
+      pieces->push_back({t.shard, t.offset + start, static_cast<size_t>(len), parts->back().dst, -1});
+      parts->pop_back();
+    } else {
+      pieces->push_back({t.shard, t.offset + start, static_cast<size_t>(len), nullptr, -1, first, parts->size()});
+    }
+  }
+}
+
+// Copies row `c` from the runs (sorted by offset) that read its bytes.
+void CopyFromRuns(const std::vector<Run>& runs, const Run& c) {
+  auto it = std::upper_bound(runs.begin(), runs.end(), c.offset,
+                             [](uint64_t off, const Run& r) { return off < r.offset; });
+  for (--it; it != runs.end() && it->offset < c.offset + c.len; ++it) {
+    const uint64_t from = std::max(c.offset, it->offset);
+    const uint64_t to = std::min(c.offset + c.len, it->offset + it->len);
+    if (from < to && it->dst != nullptr) std::memcpy(c.dst + (from - c.offset), it->dst + (from - it->offset), to - from);
+  }
 }
 
 }  // namespace
 
 Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<RangeRead>& reads,
                         const ProgressFn* progress) {
-  std::vector<Piece> pieces;
-  std::vector<size_t> first_piece;  // of each read; its pieces are consecutive
   std::map<size_t, std::vector<size_t>> by_tensor;  // tensor -> its reads
   for (size_t k = 0; k < reads.size(); ++k) {
     const RangeRead& r = reads[k];
-    const format::ManifestTensor& t = ckpt->manifest.tensors[r.tensor];
-    first_piece.push_back(pieces.size());
-    AddPieces(&pieces, t.shard, t.offset + r.offset, r.len, r.dst, -1);
-    if (r.len > 0 || t.bytes == 0) by_tensor[r.tensor].push_back(k);  // an empty range of bytes needs no check
+    const uint64_t t_bytes = ckpt->manifest.tensors[r.tensor].bytes;
+    if ((r.len > 0 && r.rows > 0) || t_bytes == 0) by_tensor[r.tensor].push_back(k);  // no bytes asked: no check
   }
-  first_piece.push_back(pieces.size());
   // Each tensor's CRC32C covers all of its bytes: a tensor read only in part
   // has the rest read too (into the lanes' buffers, in the same parallel
   // reads) so that every byte handed out is checked. The ranges a restore
   // asks for usually cover their chunks together (a process's devices hold
   // all of a chunk), and then nothing more is read.
-  std::vector<std::pair<size_t, std::vector<CrcSpan>>> checks;
+  struct Check {
+    size_t tensor;
+    size_t first_piece, last_piece;
+    std::vector<Run> runs, copies;
+  };
+  std::vector<Check> checks;
+  std::vector<Piece> pieces;
+  std::vector<Part> parts;
   for (auto& [tensor, of_tensor] : by_tensor) {
-    checks.push_back({tensor, CoverTensor(ckpt->manifest.tensors[tensor], reads, of_tensor, first_piece, &pieces)});
+    const format::ManifestTensor& t = ckpt->manifest.tensors[tensor];
+    Check c{tensor, pieces.size(), 0, {}, {}};
+    c.runs = CoverTensor(t, reads, of_tensor, &c.copies);
+    AddRuns(&pieces, &parts, t, c.runs);
+    c.last_piece = pieces.size();
+    checks.push_back(std::move(c));
   }
   std::vector<uint32_t> crcs;
-  CO_TRY(co_await ReadPieces(pool, ckpt, &pieces, &crcs, progress));
-  for (const auto& check : checks) {
-    const format::ManifestTensor& t = ckpt->manifest.tensors[check.first];
+  CO_TRY(co_await ReadPieces(pool, ckpt, &pieces, &crcs, progress, &parts));
+  for (const Check& check : checks) {
+    const format::ManifestTensor& t = ckpt->manifest.tensors[check.tensor];
     uint32_t crc = 0;
-    bool started = false;
-    auto fold = [&](uint32_t c, uint64_t len) {
-      crc = started ? format::Crc32cCombine(crc, c, len) : c;
-      started = true;
-    };
-    for (const CrcSpan& s : check.second) {
-      if (s.data != nullptr) {
-        const char* data = s.data;
-        const uint64_t len = s.len;
-        const uint32_t c = co_await pool->Run([data, len] { return format::Crc32c(data, len); });
-        fold(c, len);
-      }
-      for (size_t i = s.first; i < s.last; ++i) fold(crcs[i], pieces[i].len);
+    for (size_t i = check.first_piece; i < check.last_piece; ++i) {
+      crc = i == check.first_piece ? crcs[i] : format::Crc32cCombine(crc, crcs[i], pieces[i].len);
     }
     if (crc != t.crc32c) co_return CrcMismatch(*ckpt, t, crc);
+  }
+  for (const Check& check : checks) {
+    for (const Run& c : check.copies) CopyFromRuns(check.runs, c);
   }
   co_return Status::Ok();
 }

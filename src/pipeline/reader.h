@@ -41,18 +41,26 @@ Task<Result<OpenedCheckpoint>> OpenCheckpoint(storage::Storage* storage, std::st
 Task<Status> ReadTensors(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, std::vector<size_t> tensors,
                          std::vector<char*> dsts, const ProgressFn* progress);
 
-// A byte range of a tensor (index into manifest.tensors) to read into dst.
+// A byte range of a tensor (index into manifest.tensors) to read into dst,
+// or `rows` of them: row i is the `len` bytes at offset + i * stride of the
+// tensor's data, read to dst + i * dst_stride (a box of a row-major array:
+// the columns of a chunk that one device holds).
 struct RangeRead {
   size_t tensor;
   uint64_t offset;  // into the tensor's data
-  uint64_t len;
+  uint64_t len;     // of each row
   char* dst;
+  uint64_t rows = 1;
+  uint64_t stride = 0;      // REQUIRES (rows > 1): >= len
+  uint64_t dst_stride = 0;  // REQUIRES (rows > 1): >= len
 };
 
-// Reads the ranges (in parallel, each a ranged read of its opened shard).
-// REQUIRES: each range within its tensor. Every tensor read is checked
-// against its CRC32C: the bytes of a tensor that no range covers are read
-// too (not kept), ranges that cover it together need nothing more.
+// Reads the ranges, in parallel: each run of a tensor's bytes is read once,
+// in file order, by vectored reads that put each row straight into its
+// destination (a range that overlaps another's is copied from it). Every
+// tensor read is checked against its CRC32C: the bytes of a tensor that no
+// range covers are read too (not kept).
+// REQUIRES: each range within its tensor; destinations do not overlap.
 Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const std::vector<RangeRead>& reads,
                         const ProgressFn* progress = nullptr);
 

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <linux/time_types.h>
+#include <sys/uio.h>
 
 #include <cerrno>
 #include <chrono>
@@ -152,6 +153,30 @@ class ReadOp final : public UringOp<ReadOp> {
   size_t len_;
   uint64_t off_;
   int fixed_;
+  size_t done_ = 0;
+  int err_ = 0;
+};
+
+// Reads into the buffers of iov[0, n) in turn from `off` (preadv), until they
+// are full or end of file; returns the bytes read. Advances the iovecs past
+// what a short read filled, so the array must be writable and outlive the op.
+class ReadVOp final : public UringOp<ReadVOp> {
+ public:
+  ReadVOp(Loop& l, const File& f, struct iovec* iov, size_t n, uint64_t off)
+      : UringOp(l), file_(&f), iov_(iov), n_(n), off_(off) {}
+  void Prep(io_uring_sqe* sqe);
+  bool OnResult(int res);
+  Result<size_t> await_resume() {
+    if (err_ != 0) return ErrnoToStatus(err_, "read", file_->path());
+    return done_;
+  }
+
+ private:
+  const File* file_;
+  struct iovec* iov_;
+  size_t n_;
+  uint64_t off_;
+  size_t first_ = 0;  // iov_[first_] is the next buffer with room
   size_t done_ = 0;
   int err_ = 0;
 };
@@ -332,6 +357,9 @@ inline OpenBeneathOp Loop::OpenBeneath(int dirfd, const std::string& path, int f
 inline CloseOp Loop::Close(File& file) { return CloseOp(*this, file); }
 inline ReadOp Loop::Read(const File& f, void* buf, size_t len, uint64_t off) {
   return ReadOp(*this, f, buf, len, off);
+}
+inline ReadVOp Loop::ReadV(const File& f, struct iovec* iov, size_t n, uint64_t off) {
+  return ReadVOp(*this, f, iov, n, off);
 }
 inline WriteOp Loop::Write(const File& f, const void* buf, size_t len, uint64_t off) {
   return WriteOp(*this, f, buf, len, off);

@@ -95,6 +95,7 @@ class OpenAtOp;
 class OpenBeneathOp;
 class CloseOp;
 class ReadOp;
+class ReadVOp;
 class WriteOp;
 class FsyncOp;
 class FallocateOp;
@@ -174,6 +175,7 @@ class Loop {
   OpenBeneathOp OpenBeneath(int dirfd, const std::string& path, int flags, mode_t mode = 0644);
   CloseOp Close(File& file);
   ReadOp Read(const File& file, void* buf, size_t len, uint64_t offset);
+  ReadVOp ReadV(const File& file, struct iovec* iov, size_t n, uint64_t offset);
   WriteOp Write(const File& file, const void* buf, size_t len, uint64_t offset);
   FsyncOp Fsync(const File& file, bool datasync = false);
   FallocateOp Fallocate(const File& file, int mode, uint64_t offset, uint64_t len);

@@ -137,6 +137,16 @@ class LocalReadable final : public ReadableFile {
     }
     co_return Status::Ok();
   }
+  Task<Status> ReadAtV(uint64_t offset, std::span<struct iovec> iov) override {
+    size_t len = 0;
+    for (const struct iovec& v : iov) len += v.iov_len;
+    CO_ASSIGN_OR_RETURN(size_t n, co_await loop_.ReadV(file_, iov.data(), iov.size(), offset));
+    if (n != len) {
+      co_return CorruptionError(file_.path() + ": truncated: wanted " + std::to_string(len) +
+                                " bytes at offset " + std::to_string(offset) + ", got " + std::to_string(n));
+    }
+    co_return Status::Ok();
+  }
 
  private:
   Loop& loop_;

@@ -12,13 +12,18 @@
 // the storage was opened on. Buffers passed in stay owned by the caller and
 // must stay valid until the returned task finishes.
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "ckptio/status.h"
 #include "runtime/task.h"
 
@@ -83,6 +88,22 @@ class ReadableFile {
   // Reads exactly len bytes at offset into dst, or fails (a file shorter
   // than offset + len is Corruption: "truncated").
   virtual Task<Status> ReadAt(uint64_t offset, char* dst, size_t len) = 0;
+  // Reads the bytes at offset into the buffers of `iov` in turn (scattered:
+  // the rows of a slice going to several destinations), or fails as ReadAt.
+  // May advance the iovecs. The default reads once into a buffer of its own
+  // and copies out (a remote store, where each read is a request).
+  virtual Task<Status> ReadAtV(uint64_t offset, std::span<struct iovec> iov) {
+    size_t len = 0;
+    for (const struct iovec& v : iov) len += v.iov_len;
+    std::unique_ptr<char[]> buf(new char[len]);
+    CO_TRY(co_await ReadAt(offset, buf.get(), len));
+    size_t pos = 0;
+    for (const struct iovec& v : iov) {
+      std::memcpy(v.iov_base, buf.get() + pos, v.iov_len);
+      pos += v.iov_len;
+    }
+    co_return Status::Ok();
+  }
 };
 
 // The marker of in-flight or half-removed checkpoint names ("checkpoint_300.tmp-1f2e..."):

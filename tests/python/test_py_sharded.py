@@ -94,6 +94,49 @@ def test_a_checkpoint_saved_on_a_4x2_mesh_restores_onto_another_mesh(tmp_path, s
             assert np.asarray(shard.data).tobytes() == global_value(name, 1)[shard.index].tobytes()
 
 
+# Arrays whose boxes on other meshes are rows of 1 KiB and more: read as
+# strided slices, each row straight into place (no temporary of the chunk).
+LONG_ROWS = {"wide": ((64, 2048), P("a", "b")), "deep": ((4, 32, 2048), P("a", None, "b"))}
+
+
+@pytest.mark.parametrize("target_mesh,specs", [((8,), {"wide": P(None, "a"), "deep": P(None, None, "a")}),
+                                               ((2, 4), {"wide": P("a", "b"), "deep": P(None, "a", "b")})],
+                         ids=["8-cols", "2x4"])
+def test_boxes_of_long_rows_restore_onto_another_mesh_read_straight_into_place(tmp_path, small, monkeypatch,
+                                                                                  target_mesh, specs):
+    strided = []
+    real = ckptio._jax._strided_rows
+
+    def spy(*args):
+        out = real(*args)
+        strided.append(out is not None)
+        return out
+
+    monkeypatch.setattr(ckptio._jax, "_strided_rows", spy)
+    values = {name: np.random.default_rng(i).random(shape, dtype=np.float32)
+              for i, (name, (shape, _)) in enumerate(LONG_ROWS.items())}
+    state = {name: jax.device_put(values[name], NamedSharding(mesh((4, 2)), spec))
+             for name, (_, spec) in LONG_ROWS.items()}
+    devices = np.array(jax.devices()).reshape(target_mesh)
+    on = Mesh(devices, tuple("abc"[:len(target_mesh)]))
+    target = {name: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(on, specs[name]))
+              for name, (shape, _) in LONG_ROWS.items()}
+    with ckptio.CheckpointManager(tmp_path, **small) as mgr:
+        mgr.save(1, state)
+        mgr.wait_until_finished()
+        back = mgr.restore(1, target=target)
+        assert strided and all(strided)  # every box of every chunk went straight into place
+        for name in LONG_ROWS:
+            assert np.asarray(back[name]).tobytes() == values[name].tobytes(), name
+            for shard in back[name].addressable_shards:
+                assert np.asarray(shard.data).tobytes() == values[name][shard.index].tobytes(), name
+        # The rows of a strided slice must fit its buffer: refused, naming the tensor.
+        buf = np.empty(100, np.uint8)
+        with pytest.raises(ckptio.InvalidArgumentError, match=r'tensor "wide@0,0": 3 rows of 40 bytes at '
+                                                              r"dst_stride 40 do not fit the buffer of 100 bytes"):
+            mgr._m.restore_slices(1, [("wide@0,0", 0, buf, 40, 3, 4096, 40)])
+
+
 def test_a_subtree_restores_alone_and_numpy_and_sharded_checkpoints_restore_into_each_other(tmp_path, small):
     sharding = NamedSharding(mesh((2, 4)), P("b", "a"))
     with ckptio.CheckpointManager(tmp_path / "a", **small) as mgr:
