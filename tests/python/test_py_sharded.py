@@ -94,6 +94,21 @@ def test_a_checkpoint_saved_on_a_4x2_mesh_restores_onto_another_mesh(tmp_path, s
             assert np.asarray(shard.data).tobytes() == global_value(name, 1)[shard.index].tobytes()
 
 
+def test_a_restore_in_many_small_batches_builds_each_array_after_its_copies(tmp_path, small, monkeypatch):
+    # Batches of 4 KiB: every array is a batch or more of its own, and each
+    # batch's copies out of its temporaries run while the next one is read.
+    monkeypatch.setattr(ckptio._jax.Reads.__init__, "__defaults__", (4096,))
+    with ckptio.CheckpointManager(tmp_path, **small) as mgr:
+        mgr.save(1, sharded_state(1))
+        mgr.wait_until_finished()
+        sharding = NamedSharding(mesh((8,)), P(None, "a"))  # column strips: every chunk through a temporary
+        back = mgr.restore(1, target={name: jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding)
+                                      for name in SPECS})
+    for name in SPECS:
+        for shard in back[name].addressable_shards:
+            assert np.asarray(shard.data).tobytes() == global_value(name, 1)[shard.index].tobytes(), name
+
+
 # Arrays whose boxes on other meshes are rows of 1 KiB and more: read as
 # strided slices, each row straight into place (no temporary of the chunk).
 LONG_ROWS = {"wide": ((64, 2048), P("a", "b")), "deep": ((4, 32, 2048), P("a", None, "b"))}
