@@ -427,13 +427,17 @@ def run_child(a):
     # waits while its accelerator computes: the tool's background work has
     # the cores to itself.
     job.sync("idle")
-    idle_start = time.perf_counter()
+    idle_start, idle_cpu0 = time.perf_counter(), time.process_time()
     for _ in range(a.loop_saves):
         time.sleep(a.compute_s)
         step += 1
         tool.save(step, state)
     tool.wait()
     idle_loop = time.perf_counter() - idle_start
+    # The process's CPU (every thread) in the idle loop: the tool's alone, as
+    # nothing else runs; what its saves take from a trainer whose compute
+    # keeps every core busy.
+    save_cpu = (time.process_time() - idle_cpu0) / a.loop_saves
     events = {name: list(values) for name, values in getattr(tool, "events", {}).items()}
 
     restores = {}
@@ -458,7 +462,7 @@ def run_child(a):
               "arrays": len(leaves(state)), "first_save": first_save, "held": held, "blocked": blocked,
               "save_extra": save_extra,
               "compute_calls": compute.calls, "pure": pure, "pure_runs": [pure_before, pure_after], "loop": loop, "loop_blocked": loop_blocked,
-              "final_wait": final_wait, "loop_extra": loop_extra, "idle_loop": idle_loop,
+              "final_wait": final_wait, "loop_extra": loop_extra, "idle_loop": idle_loop, "save_cpu": save_cpu,
               "idle_pure": a.loop_saves * a.compute_s, "restores": restores, "events": events,
               "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
               "load_before": load_before, "load_after": tc.loadavg(), "last_step": step}
@@ -628,6 +632,7 @@ def merge(procs):
     r["restores"] = {kind: {"seconds": max(p["restores"][kind]["seconds"] for p in procs),
                             "extra": max(p["restores"][kind]["extra"] for p in procs)} for kind in RESTORES}
     r["device_bytes"] = sum(p["device_bytes"] for p in procs)
+    r["save_cpu"] = sum(p["save_cpu"] for p in procs)  # the machine's CPU, both processes
     r["load_before"] = [max(p["load_before"][0] for p in procs)]
     r["load_after"] = [max(p["load_after"][0] for p in procs)]
     r["per_process"] = procs
@@ -697,6 +702,8 @@ def rows(results, fio):
         ("seed loop: final wait", lambda r: f"{r['final_wait']:.2f} s", lambda r: r["final_wait"]),
         ("seed loop overhead, host idle between saves (an accelerator computes)",
          lambda r: tc.pct(idle_overhead(r)), idle_overhead),
+        ("CPU per save (every thread of the process, the host-idle loop)", lambda r: tc.ms(r["save_cpu"]),
+         lambda r: r["save_cpu"]),
     ]
     metrics += [(f"restore: {title}", *restore(kind)) for kind, title in list(RESTORES.items()) + [RESTART]]
     metrics += [
@@ -838,7 +845,7 @@ def main(argv=None):
                     help="where the runs write (a fresh directory under it, removed at the end)")
     ap.add_argument("--processes", type=int, default=1, choices=(1, 2),
                     help="2: also each tool in 2 processes x 4 devices (jax.distributed on 127.0.0.1)")
-    ap.add_argument("--loop-saves-2p", type=int, default=5, help="saves in the seed and idle loops, 2 processes")
+    ap.add_argument("--loop-saves-2p", type=int, default=10, help="saves in the seed and idle loops, 2 processes")
     ap.add_argument("--out", help="also write the report here (markdown)")
     ap.add_argument("--ckptio-python", default=os.path.join(ROOT, "build", "python"),
                     help="where the ckptio module was built (default build/python)")
