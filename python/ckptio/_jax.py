@@ -274,22 +274,18 @@ class Reads:
     from. Either way the chunk's
     CRC32C is checked (restore_slices also reads, and drops, the bytes of a
     chunk that no part of the batch covers). A
-    batch is run once its buffers pass `limit` bytes (full()); its copies out
-    of temporaries run while the next batch is read, and its arrays are built
-    once they are done, so a restore holds about two batches (or one array's
-    chunks) beyond its result."""
+    batch is run once its buffers pass `limit` bytes (full()), and its arrays
+    built then, so a restore holds about one batch (or one array's chunks)
+    beyond its result."""
 
-    def __init__(self, catalog, limit=128 << 20):
+    def __init__(self, catalog, limit=256 << 20):
         self.catalog = catalog
         self.limit = limit
-        self.slices = []  # (tensor name, byte offset, buffer[, length, rows, stride, dst stride])
+        self.slices = []  # (tensor name, byte offset, buffer)
         self.copies = []  # (destination view, temp, temp slices)
         self.temps = {}   # tensor name -> the whole chunk, read once per batch
         self.batch_bytes = 0  # destination and temporary buffers of the batch
-        # Where the batches' temporaries live: two buffers in turn, as one
-        # batch's copies run while the next batch is read.
-        self.scratch, self.turn, self.scratch_used = [None, None], 0, 0
-        self.previous = None  # (copies' future or None, done) of the batch before
+        self.scratch, self.scratch_used = None, 0  # where the batch's temporaries live
 
     def box(self, name, box, dtype):
         """A numpy array of `dtype` that holds box `box` of array `name`
@@ -340,51 +336,20 @@ class Reads:
         start = -(-self.scratch_used // 64) * 64  # 64-byte aligned, as numpy aligns
         if start + nbytes > self.limit:
             return np.empty(shape, dtype=dtype)
-        if self.scratch[self.turn] is None:
-            self.scratch[self.turn] = _aligned_empty((self.limit,), np.uint8)
+        if self.scratch is None:
+            self.scratch = _aligned_empty((self.limit,), np.uint8)
         self.scratch_used = start + nbytes
-        return self.scratch[self.turn][start:start + nbytes].view(dtype).reshape(shape)
+        return self.scratch[start:start + nbytes].view(dtype).reshape(shape)
 
     def full(self):
         return self.batch_bytes >= self.limit
 
-    def run(self, manager, step, done=None):
-        """Reads the batch. Its copies out of temporaries then run on a
-        thread while the caller plans and reads the next batch; `done` is
-        called (on this thread) once they are over, at the next run() or at
-        finish()."""
-        slices, copies = self.slices, self.copies
+    def run(self, manager, step):
+        if self.slices:
+            manager.restore_slices(step, self.slices)
+        for dst, temp, part in self.copies:
+            dst[...] = temp[part]
         self.slices, self.copies, self.temps, self.batch_bytes, self.scratch_used = [], [], {}, 0, 0
-        self.turn ^= 1
-        if slices:
-            manager.restore_slices(step, slices)  # the GIL released: the batch before copies meanwhile
-        self.finish()
-        self.previous = (_copier().submit(_copy_out, copies) if copies else None, done)
-
-    def finish(self):
-        """Waits for the last batch's copies and calls its `done`."""
-        if self.previous is not None:
-            future, done = self.previous
-            self.previous = None
-            if future is not None:
-                future.result()
-            if done is not None:
-                done()
-
-
-def _copy_out(copies):
-    for dst, temp, part in copies:
-        dst[...] = temp[part]  # numpy copies without the GIL
-
-
-_copy_thread = None
-
-
-def _copier():
-    global _copy_thread
-    if _copy_thread is None:
-        _copy_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckptio-copy")
-    return _copy_thread
 
 
 def check_target(name, target, dtype_name, global_shape):

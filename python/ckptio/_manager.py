@@ -199,14 +199,10 @@ class CheckpointManager:
                 flush()
 
         def flush():
-            batch = list(pending)
+            reads.run(self._m, step)
+            for key, build in pending:
+                arrays[key] = build()
             pending.clear()
-
-            def build():
-                for key, build_one in batch:
-                    arrays[key] = build_one()
-
-            reads.run(self._m, step, build)
 
         if target is None:
             names = set(catalog.arrays)
@@ -223,7 +219,6 @@ class CheckpointManager:
                 else:
                     plan(name, _jax.plan_whole(reads, name))
         flush()
-        reads.finish()
         return arrays
 
     def metadata(self, step=None):

@@ -94,9 +94,9 @@ def test_a_checkpoint_saved_on_a_4x2_mesh_restores_onto_another_mesh(tmp_path, s
             assert np.asarray(shard.data).tobytes() == global_value(name, 1)[shard.index].tobytes()
 
 
-def test_a_restore_in_many_small_batches_builds_each_array_after_its_copies(tmp_path, small, monkeypatch):
-    # Batches of 4 KiB: every array is a batch or more of its own, and each
-    # batch's copies out of its temporaries run while the next one is read.
+def test_a_restore_in_many_small_batches_reads_every_box_bit_exact(tmp_path, small, monkeypatch):
+    # Batches of 4 KiB: every array is a batch or more of its own, each
+    # chunk read into a temporary and copied out batch by batch.
     monkeypatch.setattr(ckptio._jax.Reads.__init__, "__defaults__", (4096,))
     with ckptio.CheckpointManager(tmp_path, **small) as mgr:
         mgr.save(1, sharded_state(1))
