@@ -15,9 +15,15 @@ import numpy as np
 import ckptio
 
 CHILD = """
+import signal
 import sys
 import numpy as np
 import ckptio
+
+# Ctrl-C raises KeyboardInterrupt even where this test runs with SIGINT
+# ignored (a job started with & by a shell without job control): Python
+# leaves an ignored SIGINT ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 root = sys.argv[1]
 mgr = ckptio.CheckpointManager(root, staging_memory="80MiB", io={"block_size": "4KiB", "queue_depth": 1})
