@@ -39,7 +39,7 @@ struct PieceWork {
   runtime::CpuPool* pool;
   OpenedCheckpoint* ckpt;
   const std::vector<Piece>* pieces;
-  const std::vector<Part>* parts;
+  const std::vector<Part>* parts;  // null where no piece is scattered
   std::vector<uint32_t>* crcs;
   const ProgressFn* progress;
   uint64_t total;
@@ -50,15 +50,14 @@ struct PieceWork {
 
 Task<void> PieceLane(PieceWork* w) {
   std::unique_ptr<char[]> own;
+  auto lane_buffer = [&own] {
+    if (!own) own.reset(new char[kPiece]);
+    return own.get();
+  };
   std::vector<struct iovec> iov, spans;  // spans: iov as it was before the read advanced it
   while (w->next < w->pieces->size() && w->first_error.ok()) {
     size_t i = w->next++;
     const Piece& p = (*w->pieces)[i];
-    char* buf = p.dst;
-    auto lane_buffer = [&own] {
-      if (!own) own.reset(new char[kPiece]);
-      return own.get();
-    };
     Status s;
     spans.clear();
     if (p.last_part > p.first_part) {
@@ -72,7 +71,7 @@ Task<void> PieceLane(PieceWork* w) {
       iov = spans;
       s = co_await w->ckpt->shards[p.shard]->ReadAtV(p.offset, iov);
     } else {
-      if (buf == nullptr) buf = lane_buffer();
+      char* buf = p.dst != nullptr ? p.dst : lane_buffer();
       s = co_await w->ckpt->shards[p.shard]->ReadAt(p.offset, buf, p.len);
       spans.push_back({buf, p.len});
     }
@@ -96,8 +95,7 @@ Task<Status> ReadPieces(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const st
                         std::vector<uint32_t>* crcs, const ProgressFn* progress, const std::vector<Part>* parts = nullptr) {
   uint64_t total = 0;
   for (const Piece& p : *pieces) total += p.len;
-  static const std::vector<Part> kNoParts;
-  PieceWork work{pool, ckpt, pieces, parts ? parts : &kNoParts, crcs, progress, total, 0, 0, Status::Ok()};
+  PieceWork work{pool, ckpt, pieces, parts, crcs, progress, total, 0, 0, Status::Ok()};
   crcs->assign(pieces->size(), 0);
   std::vector<Task<void>> lanes;
   for (size_t i = 0; i < kLanes; ++i) lanes.push_back(PieceLane(&work));

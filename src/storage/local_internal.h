@@ -131,24 +131,23 @@ class LocalReadable final : public ReadableFile {
   uint64_t size() const override { return size_; }
   Task<Status> ReadAt(uint64_t offset, char* dst, size_t len) override {
     CO_ASSIGN_OR_RETURN(size_t n, co_await loop_.Read(file_, dst, len, offset));
-    if (n != len) {
-      co_return CorruptionError(file_.path() + ": truncated: wanted " + std::to_string(len) +
-                                " bytes at offset " + std::to_string(offset) + ", got " + std::to_string(n));
-    }
-    co_return Status::Ok();
+    co_return Whole(offset, len, n);
   }
   Task<Status> ReadAtV(uint64_t offset, std::span<struct iovec> iov) override {
     size_t len = 0;
     for (const struct iovec& v : iov) len += v.iov_len;
     CO_ASSIGN_OR_RETURN(size_t n, co_await loop_.ReadV(file_, iov.data(), iov.size(), offset));
-    if (n != len) {
-      co_return CorruptionError(file_.path() + ": truncated: wanted " + std::to_string(len) +
-                                " bytes at offset " + std::to_string(offset) + ", got " + std::to_string(n));
-    }
-    co_return Status::Ok();
+    co_return Whole(offset, len, n);
   }
 
  private:
+  // Ok if a read of `len` bytes at `offset` got them all (n), else "truncated".
+  Status Whole(uint64_t offset, size_t len, size_t n) const {
+    if (n == len) return Status::Ok();
+    return CorruptionError(file_.path() + ": truncated: wanted " + std::to_string(len) + " bytes at offset " +
+                           std::to_string(offset) + ", got " + std::to_string(n));
+  }
+
   Loop& loop_;
   File file_;
   uint64_t size_;
