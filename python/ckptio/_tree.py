@@ -137,6 +137,10 @@ def flatten(tree, process=0, process_count=1):
     made here from scalars. The caller's numpy arrays are not."""
     leaves = []
     description = _encode(tree, (), leaves)
+    for name, value, _ in leaves:
+        if _jax.is_jax_array(value) and value.is_deleted():
+            raise ValueError(f"cannot save {name!r}: the jax.Array was deleted (donated to a jitted step, "
+                             "or .delete()d) before the save")
     _jax.start_host_copies(value for _, value, _ in leaves)
     names, dtypes, arrays, chunks = [], [], [], []
     sharded = any(_jax.needs_chunks(value) for _, value, _ in leaves)

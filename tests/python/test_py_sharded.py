@@ -182,6 +182,17 @@ def test_a_target_that_differs_from_the_checkpoint_raises_naming_the_tensor(tmp_
             mgr.restore(1, target={"missing": jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding)})
 
 
+def test_saving_an_array_already_donated_away_names_the_leaf_and_commits_nothing(tmp_path, small):
+    state = sharded_state(1)
+    step = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), donate_argnums=0)
+    step({"one": state["one"]})  # the caller kept the old reference: a common slip
+    with ckptio.CheckpointManager(tmp_path, **small) as mgr:
+        with pytest.raises(ValueError, match=r"cannot save 'one': the jax.Array was deleted \(donated"):
+            mgr.save(1, state)
+        mgr.wait_until_finished()
+        assert mgr.all_steps() == []
+
+
 @pytest.mark.parametrize("snapshot", ["borrowed", "copied"])
 def test_a_step_that_donates_the_state_right_after_a_save_does_not_change_the_checkpoint(tmp_path, snapshot):
     # jax on the CPU refuses a donation while something outside holds the
