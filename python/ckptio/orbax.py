@@ -20,6 +20,10 @@ calls below). Differences:
 - ``CheckpointManagerOptions`` honours ``max_to_keep``,
   ``keep_period``, ``save_interval_steps`` and ``step_prefix``; other
   fields are accepted and ignored.
+- ``save`` and ``restore`` take orbax's parameters in orbax's order; a
+  bare pytree as ``items`` (orbax's older calls) works as ``args`` would.
+  ``save_kwargs``, ``restore_kwargs`` and ``metrics`` are accepted and
+  ignored (there is no ``best_fn``: ``max_to_keep`` keeps the newest).
 - Saves are always asynchronous (orbax's ``enable_async_checkpointing``).
 - Multi-process jobs (``jax.distributed.initialize``) need nothing more:
   the process index, count and barrier come from jax.
@@ -70,6 +74,12 @@ args = types.SimpleNamespace(StandardSave=StandardSave, StandardRestore=Standard
                              PyTreeRestore=PyTreeRestore)
 
 
+def _item(x):
+    """The pytree of ``args`` (StandardSave(tree) and the like), or ``x``
+    itself when passed bare (orbax's older ``items``)."""
+    return x.item if isinstance(x, _Item) else x
+
+
 class CheckpointManager:
     """orbax.checkpoint.CheckpointManager's save / restore / step surface over
     a ckptio.CheckpointManager (``.manager``). Keyword ``options`` of ckptio
@@ -81,6 +91,7 @@ class CheckpointManager:
         self._interval = max(1, int(options.save_interval_steps or 1))
         keep = options.max_to_keep if options.max_to_keep is not None else 0  # orbax keeps all by default
         ckptio_options.setdefault("prefix", options.step_prefix + "_" if options.step_prefix else "")
+        self._prefix = ckptio_options["prefix"]
         self.manager = _Manager(str(directory), keep=keep, keep_every=options.keep_period, **ckptio_options)
 
     def should_save(self, step):
@@ -89,23 +100,33 @@ class CheckpointManager:
         newest = max([s for s in [latest] + in_flight if s is not None], default=None)
         return (newest is None or step > newest) and step % self._interval == 0
 
-    def save(self, step, args=None, metadata=None, force=False, items=None):
+    def save(self, step, items=None, save_kwargs=None, metrics=None, force=False, args=None,
+             custom_metadata=None, *, metadata=None):
         """Saves ``args.item`` (a pytree) as ``step`` in the background;
         returns False (and saves nothing) when ``should_save(step)`` is
-        False and ``force`` is not set."""
-        tree = args.item if args is not None else items
+        False and ``force`` is not set. The parameters are orbax's, in its
+        order: ``items`` (orbax's older way, a pytree) is saved as ``args``
+        would be; ``save_kwargs`` and ``metrics`` are accepted and ignored;
+        ``custom_metadata`` (or ``metadata``) is stored with the step."""
+        del save_kwargs, metrics
+        tree = _item(args if args is not None else items)
         if tree is None:
             raise ValueError("save: pass args=ocp.args.StandardSave(tree)")
         if not force and not self.should_save(step):
             return False
-        self.manager.save(step, tree, metadata=metadata)
+        self.manager.save(step, tree, metadata=custom_metadata if custom_metadata is not None else metadata)
         return True
 
-    def restore(self, step=None, args=None, items=None):
+    def restore(self, step=None, items=None, restore_kwargs=None, directory=None, args=None):
         """The checkpoint of ``step`` (default: the latest), shaped like
         ``args.item`` (jax.ShapeDtypeStructs with shardings give jax.Arrays
-        on those shardings), or as saved without one."""
-        target = args.item if args is not None else items
+        on those shardings), or as saved without one. ``directory``, as in
+        orbax, reads another run's checkpoints (ckptio's own)."""
+        del restore_kwargs
+        target = _item(args if args is not None else items)
+        if directory is not None and str(directory) != self.manager.root:
+            with _Manager(str(directory), read_only=True, prefix=self._prefix) as other:
+                return other.restore(step, target=target)
         return self.manager.restore(step, target=target)
 
     def item_metadata(self, step):

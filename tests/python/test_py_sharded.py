@@ -334,6 +334,27 @@ def test_a_loop_written_for_orbax_runs_with_only_its_import_changed(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if not p.name.startswith(".")) == ["4", "6"]
 
 
+def test_orbax_calls_with_its_positional_order_and_keywords_work(tmp_path):
+    from ckptio import orbax as ocp
+
+    sharding = NamedSharding(mesh((4, 2)), P("a"))
+    state = {"w": jax.device_put(global_value("w", 3), sharding)}
+    with ocp.CheckpointManager(tmp_path / "run", staging_memory="64MiB") as mgr:
+        with pytest.raises(FileNotFoundError, match="no committed checkpoint"):
+            mgr.restore(None)
+        assert mgr.save(3, state, None, {"loss": 0.5}, custom_metadata={"lr": 0.1})  # items, save_kwargs, metrics
+        assert mgr.save(4, ocp.args.StandardSave(state), metrics={"loss": 0.4})
+        mgr.wait_until_finished()
+        assert mgr.metadata(3) == {"lr": 0.1}
+        abstract = {"w": jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding)}
+        back = mgr.restore(3, abstract)  # items: the target, positionally
+        assert back["w"].sharding == sharding and np.asarray(back["w"]).tobytes() == global_value("w", 3).tobytes()
+    with ocp.CheckpointManager(tmp_path / "other", staging_memory="64MiB") as other:
+        back = other.restore(None, args=ocp.args.StandardRestore(abstract), directory=tmp_path / "run")
+        assert np.asarray(back["w"]).tobytes() == global_value("w", 3).tobytes()
+        assert other.all_steps() == []
+
+
 def test_four_processes_of_two_devices_save_and_restore_from_and_onto_one(tmp_path, small, child_env):
     one = tmp_path / "saved-by-one"
     with ckptio.CheckpointManager(one, **small) as mgr:
