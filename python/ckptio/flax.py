@@ -44,6 +44,7 @@ dataclasses such as TrainState work) when flax is importable, else with an
 equivalent for dicts, lists, tuples and namedtuples. Restored arrays are
 numpy arrays, as with flax, except where the target holds jax.Arrays.
 """
+import concurrent.futures
 import math
 import os
 import re
@@ -70,6 +71,7 @@ __all__ = [
     "configure",
     "close",
     "InvalidCheckpointError",
+    "AsyncManager",
 ]
 
 if _flax_errors is not None:
@@ -310,16 +312,49 @@ def _as_checkpoint_path(path, prefix):
     return parent, step
 
 
+class AsyncManager:
+    """flax's AsyncManager, for loops that make one and pass it as
+    ``save_checkpoint(..., async_manager=am)``: ckptio's saves are in the
+    background without it, and ``am.wait_previous_save()`` waits for them
+    (as ``wait_until_finished()`` does)."""
+
+    def __init__(self, max_workers=1):
+        self.max_workers = max_workers
+        self.save_future = None
+
+    def wait_previous_save(self):
+        if self.save_future is not None:
+            self.save_future.result()
+        wait_until_finished()
+
+    def save_async(self, task):
+        """Runs ``task`` on a thread of its own, after the previous one."""
+        self.wait_previous_save()
+        future = concurrent.futures.Future()
+
+        def run():
+            try:
+                future.set_result(task())
+            except BaseException as e:  # handed to whoever waits for it
+                future.set_exception(e)
+
+        threading.Thread(target=run, name="ckptio-flax-async", daemon=True).start()
+        self.save_future = future
+
+
 def save_checkpoint(ckpt_dir, target, step, prefix="checkpoint_", keep=1, overwrite=False,
-                    keep_every_n_steps=None):
+                    keep_every_n_steps=None, async_manager=None, orbax_checkpointer=None):
     """Saves ``target`` as checkpoint ``step`` in ``ckpt_dir``; returns the
-    checkpoint's path as soon as the state is snapshotted.
+    checkpoint's path as soon as the state is snapshotted. ``async_manager``
+    and ``orbax_checkpointer`` are accepted and ignored: every save is in the
+    background anyway.
 
     keep: checkpoints to keep (0 keeps all); keep_every_n_steps: also keep
     one every n steps; overwrite: allow a step at or below the latest one
     (newer checkpoints are deleted). Raises InvalidCheckpointError when a
     checkpoint of this or a later step exists and overwrite is False, and
     the error of an earlier background save if it failed."""
+    del async_manager, orbax_checkpointer
     ckpt_dir = _normpath(ckpt_dir)
     step = _int_step(step)
     ckpt_path = _join(ckpt_dir, f"{prefix}{step}")
@@ -341,23 +376,33 @@ def save_checkpoint(ckpt_dir, target, step, prefix="checkpoint_", keep=1, overwr
 
 
 def save_checkpoint_multiprocess(ckpt_dir, target, step, prefix="checkpoint_", keep=1, overwrite=False,
-                                 keep_every_n_steps=None, async_manager=None, gda_manager=None):
+                                 keep_every_n_steps=None, async_manager=None, gda_manager=None,
+                                 orbax_checkpointer=None):
     """flax's multi-process save: every process calls it with the same tree
     of global (sharded) jax.Arrays; each writes the chunks it holds and the
     processes commit one checkpoint (jax.distributed gives the process index,
-    count and barrier). ``async_manager`` and ``gda_manager`` are accepted
-    and ignored: ckptio saves in the background anyway."""
-    del async_manager, gda_manager
+    count and barrier). ``async_manager``, ``gda_manager`` and
+    ``orbax_checkpointer`` are accepted and ignored: ckptio saves in the
+    background anyway."""
+    del async_manager, gda_manager, orbax_checkpointer
     return save_checkpoint(ckpt_dir, target, step, prefix=prefix, keep=keep, overwrite=overwrite,
                            keep_every_n_steps=keep_every_n_steps)
 
 
-def restore_checkpoint(ckpt_dir, target, step=None, prefix="checkpoint_"):
+def restore_checkpoint(ckpt_dir, target, step=None, prefix="checkpoint_", parallel=True, gda_manager=None,
+                       allow_partial_mpa_restoration=False, orbax_checkpointer=None, orbax_transforms=None):
     """Restores the latest checkpoint in ``ckpt_dir`` (or ``step``), or the
     checkpoint ``ckpt_dir`` names. Returns ``target`` updated from it (the
     state dict if ``target`` is None), or ``target`` unchanged when there is
     no checkpoint and no step was asked for. Raises ValueError if ``step``
-    does not exist."""
+    does not exist. ``parallel``, ``gda_manager``,
+    ``allow_partial_mpa_restoration`` and ``orbax_checkpointer`` are
+    accepted and ignored (reads are parallel; a target that is a part of the
+    checkpoint restores that part); ``orbax_transforms`` is not supported."""
+    del parallel, gda_manager, allow_partial_mpa_restoration, orbax_checkpointer
+    if orbax_transforms:
+        raise NotImplementedError("restore_checkpoint: orbax_transforms is not supported by ckptio.flax; restore "
+                                  "without it and transform the returned state")
     ckpt_dir = _normpath(ckpt_dir)
     with _lock:
         if step is not None:

@@ -54,12 +54,35 @@ def test_the_reported_loop_saves_every_step_with_keep_3_then_restores_the_latest
 
 
 def test_signatures_match_flax(flax_ckpt):
+    # flax.training.checkpoints' own (flax 0.12, annotations left out): a
+    # call that passes flax's keywords (async_manager=, parallel=, ...) works.
     sig = inspect.signature
     assert str(sig(flax_ckpt.save_checkpoint)) == (
-        "(ckpt_dir, target, step, prefix='checkpoint_', keep=1, overwrite=False, keep_every_n_steps=None)")
-    assert str(sig(flax_ckpt.restore_checkpoint)) == "(ckpt_dir, target, step=None, prefix='checkpoint_')"
+        "(ckpt_dir, target, step, prefix='checkpoint_', keep=1, overwrite=False, keep_every_n_steps=None, "
+        "async_manager=None, orbax_checkpointer=None)")
+    assert str(sig(flax_ckpt.save_checkpoint_multiprocess)) == (
+        "(ckpt_dir, target, step, prefix='checkpoint_', keep=1, overwrite=False, keep_every_n_steps=None, "
+        "async_manager=None, gda_manager=None, orbax_checkpointer=None)")
+    assert str(sig(flax_ckpt.restore_checkpoint)) == (
+        "(ckpt_dir, target, step=None, prefix='checkpoint_', parallel=True, gda_manager=None, "
+        "allow_partial_mpa_restoration=False, orbax_checkpointer=None, orbax_transforms=None)")
     assert str(sig(flax_ckpt.latest_checkpoint)) == "(ckpt_dir, prefix='checkpoint_')"
+    assert str(sig(flax_ckpt.available_steps)) == "(ckpt_dir, prefix='checkpoint_', step_type=<class 'int'>)"
     assert str(sig(flax_ckpt.wait_until_finished)) == "()"
+
+
+def test_a_loop_with_flaxs_async_manager_runs_with_only_its_import_changed(tmp_path, flax_ckpt):
+    checkpoints = flax_ckpt
+    ckpt_dir = str(tmp_path / "ckpt")
+    am = checkpoints.AsyncManager()
+    for step in range(1, 4):
+        checkpoints.save_checkpoint(ckpt_dir, train_state(step), step, keep=2, async_manager=am)
+    am.wait_previous_save()
+    assert checkpoint_dirs(ckpt_dir) == ["checkpoint_2", "checkpoint_3"]  # committed and pruned once waited for
+    restored = checkpoints.restore_checkpoint(ckpt_dir, train_state(0), parallel=False)
+    assert same(restored["params"]["dense"]["kernel"], np.full((16, 8), 3, np.float32))
+    with pytest.raises(NotImplementedError, match="orbax_transforms is not supported"):
+        checkpoints.restore_checkpoint(ckpt_dir, train_state(0), orbax_transforms={"a": "b"})
 
 
 def test_restoring_from_the_returned_path_or_without_target_gives_the_state_dict(tmp_path, flax_ckpt):
