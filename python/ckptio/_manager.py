@@ -183,6 +183,17 @@ class CheckpointManager:
             return _tree.nest(arrays)
         return _tree.unflatten(description, arrays)
 
+    def _skeleton(self, step):
+        """The tree of checkpoint ``step`` as a target, each leaf a
+        placeholder that restores it as saved (reads nothing but the
+        manifest)."""
+        metadata_json, listed = self._m.tensors(_check_step(step))
+        names = set(_jax.Catalog(listed).arrays)
+        description = self._description(metadata_json)
+        if description is _NO_TREE or _tree.leaf_names(description) != names:
+            return _tree.nest({name: _tree.AS_SAVED for name in names})
+        return _tree.skeleton(description)
+
     def _read_arrays(self, step, target, catalog, description):
         """name -> array by ranged reads: for a checkpoint holding sharded
         arrays, or a target asking for jax.Arrays. Only the arrays the target

@@ -246,6 +246,25 @@ def _decode(node, arrays):
     raise ValueError(f"unknown node in the checkpoint's tree: {sorted(node)}")
 
 
+class _AsSaved:
+    """A target leaf that restores as saved (an array as saved, a scalar as
+    the Python or numpy scalar it was)."""
+
+    def __repr__(self):
+        return "AS_SAVED"
+
+
+AS_SAVED = _AsSaved()
+_PLACEHOLDERS = {_INT: 0, _FLOAT: 0.0, _BOOL: False, _SCALAR: np.float32(0)}
+
+
+def skeleton(description):
+    """A target shaped as the tree `description` describes, each leaf a
+    placeholder that restores it as saved."""
+    kinds = _leaf_kinds(description)
+    return _decode(description, {name: _PLACEHOLDERS.get(kind, AS_SAVED) for name, kind in kinds.items()})
+
+
 def nest(arrays):
     """Nested dicts from "/"-separated names (a checkpoint without a tree)."""
     root = {}
@@ -267,21 +286,26 @@ def nest(arrays):
 
 def leaf_names(description):
     """The tensor names a description refers to."""
-    names = set()
+    return set(_leaf_kinds(description))
+
+
+def _leaf_kinds(description):
+    """name -> kind of each tensor a description refers to."""
+    kinds = {}
     stack = [description]
     while stack:
         node = stack.pop()
         if node is None or "str" in node:
             continue
         if "leaf" in node:
-            names.add(node["leaf"])
+            kinds[node["leaf"]] = node.get("kind", _ARRAY)
         elif "dict" in node:
             stack.extend(value for _, value in node["dict"])
         elif "namedtuple" in node:
             stack.extend(node["values"])
         else:
             stack.extend(node.get("list", node.get("tuple", [])))
-    return names
+    return kinds
 
 
 def _values_by_name(node, path=(), out=None):

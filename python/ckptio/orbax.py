@@ -15,8 +15,10 @@ calls below). Differences:
   safetensors shards; orbax's step directories are bare step numbers, and
   so are these), not orbax's: ckptio reads its own checkpoints only.
 - ``args`` are ``StandardSave`` / ``StandardRestore`` / ``PyTreeSave`` /
-  ``PyTreeRestore`` (a tree of arrays); orbax's ``Composite`` of several
-  items is not provided: save one dict of them.
+  ``PyTreeRestore`` (a tree of arrays), ``JsonSave`` / ``JsonRestore`` (a
+  tree of JSON values), and a ``Composite`` of those, stored as one tree
+  with an item per name (``item_names`` is not needed). Other orbax
+  handlers' args (datasets' iterators, for one) are not provided.
 - ``CheckpointManagerOptions`` honours ``max_to_keep``,
   ``keep_period``, ``save_interval_steps`` and ``step_prefix``; other
   fields are accepted and ignored.
@@ -30,7 +32,9 @@ calls below). Differences:
 """
 import dataclasses
 import types
+from collections.abc import Mapping
 
+from ._errors import NotFoundError
 from ._manager import CheckpointManager as _Manager
 
 
@@ -70,14 +74,79 @@ class PyTreeRestore(_Item):
     pass
 
 
+class JsonSave(_Item):
+    pass
+
+
+class JsonRestore(_Item):
+    pass
+
+
+class Composite(Mapping):
+    """Several named items saved or restored together, as orbax's
+    ``args.Composite(state=StandardSave(...), meta=JsonSave(...))``; a
+    restore returns one whose items are the restored trees (``r.state``,
+    ``r["state"]``)."""
+
+    def __init__(self, **items):
+        self._items = dict(items)
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __getattr__(self, key):
+        try:
+            return self.__dict__["_items"][key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self):
+        return len(self._items)
+
+    def __repr__(self):
+        return f"Composite({', '.join(f'{k}={v!r}' for k, v in self._items.items())})"
+
+
 args = types.SimpleNamespace(StandardSave=StandardSave, StandardRestore=StandardRestore, PyTreeSave=PyTreeSave,
-                             PyTreeRestore=PyTreeRestore)
+                             PyTreeRestore=PyTreeRestore, JsonSave=JsonSave, JsonRestore=JsonRestore,
+                             Composite=Composite)
 
 
 def _item(x):
-    """The pytree of ``args`` (StandardSave(tree) and the like), or ``x``
-    itself when passed bare (orbax's older ``items``)."""
+    """The pytree of ``args`` (StandardSave(tree) and the like; a Composite:
+    a dict of its items' trees), or ``x`` itself when passed bare (orbax's
+    older ``items``)."""
+    if isinstance(x, Composite):
+        return {name: _item(arg) for name, arg in x.items()}
     return x.item if isinstance(x, _Item) else x
+
+
+def _restore(manager, step, request, composite):
+    """Restores ``step`` (None: the latest) of ``manager`` shaped like
+    ``request``. The items of a Composite given without a target
+    (``JsonRestore()``) come back as saved."""
+    if step is None:
+        step = manager.latest_step()
+        if step is None:
+            raise NotFoundError(f"no committed checkpoint in {manager.root}", "NotFound")
+    target = _item(request)
+    if isinstance(request, Composite) and any(t is None for t in target.values()):
+        saved = manager._skeleton(step)
+        for name, t in target.items():
+            if t is not None:
+                continue
+            if not isinstance(saved, Mapping) or name not in saved:
+                held = ", ".join(repr(k) for k in sorted(saved, key=str)) if isinstance(saved, Mapping) else "one unnamed item"
+                raise ValueError(f"the checkpoint of step {step} in {manager.root} has no item {name!r} "
+                                 f"(it holds {held})")
+            target[name] = saved[name]
+    tree = manager.restore(step, target=target)
+    if (isinstance(request, Composite) or (request is None and composite)) and isinstance(tree, Mapping):
+        return Composite(**tree)
+    return tree
 
 
 class CheckpointManager:
@@ -86,7 +155,7 @@ class CheckpointManager:
     (``staging_memory="1GiB"``, ...) pass through as ``**ckptio_options``."""
 
     def __init__(self, directory, item_names=None, options=None, **ckptio_options):
-        del item_names
+        self._composite = item_names is not None  # restore() without args gives a Composite, as orbax
         options = options or CheckpointManagerOptions()
         self._interval = max(1, int(options.save_interval_steps or 1))
         keep = options.max_to_keep if options.max_to_keep is not None else 0  # orbax keeps all by default
@@ -123,11 +192,11 @@ class CheckpointManager:
         on those shardings), or as saved without one. ``directory``, as in
         orbax, reads another run's checkpoints (ckptio's own)."""
         del restore_kwargs
-        target = _item(args if args is not None else items)
+        request = args if args is not None else items
         if directory is not None and str(directory) != self.manager.root:
             with _Manager(str(directory), read_only=True, prefix=self._prefix) as other:
-                return other.restore(step, target=target)
-        return self.manager.restore(step, target=target)
+                return _restore(other, step, request, self._composite)
+        return _restore(self.manager, step, request, self._composite)
 
     def item_metadata(self, step):
         return self.manager.info(step)

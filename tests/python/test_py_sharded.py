@@ -355,6 +355,30 @@ def test_orbax_calls_with_its_positional_order_and_keywords_work(tmp_path):
         assert other.all_steps() == []
 
 
+def test_an_orbax_composite_of_a_sharded_state_and_json_metadata_round_trips(tmp_path):
+    from ckptio import orbax as ocp
+
+    sharding = NamedSharding(mesh((4, 2)), P("a", "b"))
+    state = {"w": jax.device_put(global_value("w", 5), sharding), "step": 5}
+    meta = {"lr": 0.25, "name": "run-7", "epochs": [1, 2], "done": False}
+    with ocp.CheckpointManager(tmp_path / "run", item_names=("state", "meta"), staging_memory="64MiB") as mgr:
+        assert mgr.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+        mgr.wait_until_finished()
+        abstract = {"w": jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding), "step": 0}
+        back = mgr.restore(5, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                      meta=ocp.args.JsonRestore()))
+        assert back.meta == meta and type(back.meta["lr"]) is float and type(back["meta"]["epochs"][0]) is int
+        assert back.state["step"] == 5 and back.state["w"].sharding == sharding
+        assert np.asarray(back.state["w"]).tobytes() == global_value("w", 5).tobytes()
+        only_meta = mgr.restore(5, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        assert list(only_meta) == ["meta"] and only_meta.meta == meta
+        as_saved = mgr.restore(5)  # no args: every item, as saved
+        assert sorted(as_saved) == ["meta", "state"] and as_saved.meta == meta
+        assert np.asarray(as_saved.state["w"]).tobytes() == global_value("w", 5).tobytes()
+        with pytest.raises(ValueError, match=r"has no item 'dataset' \(it holds 'meta', 'state'\)"):
+            mgr.restore(5, args=ocp.args.Composite(dataset=ocp.args.JsonRestore()))
+
+
 def test_four_processes_of_two_devices_save_and_restore_from_and_onto_one(tmp_path, small, child_env):
     one = tmp_path / "saved-by-one"
     with ckptio.CheckpointManager(one, **small) as mgr:
