@@ -19,9 +19,14 @@ calls below). Differences:
   tree of JSON values), and a ``Composite`` of those, stored as one tree
   with an item per name (``item_names`` is not needed). Other orbax
   handlers' args (datasets' iterators, for one) are not provided.
-- ``CheckpointManagerOptions`` honours ``max_to_keep``,
-  ``keep_period``, ``save_interval_steps`` and ``step_prefix``; other
-  fields are accepted and ignored.
+- ``CheckpointManagerOptions`` honours ``max_to_keep``, ``keep_period``,
+  ``save_interval_steps``, ``save_on_steps``, ``should_save_fn``,
+  ``read_only`` and ``step_prefix``, and ``should_save`` decides as orbax's
+  default policy does (the first save of a directory is always made);
+  ``best_fn`` raises (ckptio keeps the newest steps, it would delete the
+  best ones); other fields are accepted and ignored. The constructor's
+  ``checkpointers``, ``metadata``, ``item_handlers``, ``logger`` and
+  ``handler_registry`` are accepted and ignored.
 - ``save`` and ``restore`` take orbax's parameters in orbax's order; a
   bare pytree as ``items`` (orbax's older calls) works as ``args`` would.
   ``save_kwargs``, ``restore_kwargs`` and ``metrics`` are accepted and
@@ -40,16 +45,24 @@ from ._manager import CheckpointManager as _Manager
 
 @dataclasses.dataclass
 class CheckpointManagerOptions:
+    save_interval_steps: int = 1
     max_to_keep: int = None
     keep_period: int = None
-    save_interval_steps: int = 1
     step_prefix: str = None
+    save_on_steps: object = None
+    should_save_fn: object = None
+    read_only: bool = False
     enable_async_checkpointing: bool = True
     create: bool = True
 
-    def __init__(self, max_to_keep=None, keep_period=None, save_interval_steps=1, step_prefix=None, **ignored):
-        self.max_to_keep, self.keep_period = max_to_keep, keep_period
-        self.save_interval_steps, self.step_prefix = save_interval_steps, step_prefix
+    def __init__(self, save_interval_steps=1, max_to_keep=None, keep_period=None, step_prefix=None,
+                 save_on_steps=None, should_save_fn=None, read_only=False, best_fn=None, **ignored):
+        if best_fn is not None:
+            raise NotImplementedError("CheckpointManagerOptions(best_fn=...) is not supported by ckptio.orbax: "
+                                      "max_to_keep keeps the newest steps (keep_period keeps every n-th too)")
+        self.save_interval_steps, self.max_to_keep, self.keep_period = save_interval_steps, max_to_keep, keep_period
+        self.step_prefix, self.save_on_steps, self.should_save_fn = step_prefix, save_on_steps, should_save_fn
+        self.read_only = read_only
         self.enable_async_checkpointing, self.create = True, True
 
 
@@ -154,20 +167,37 @@ class CheckpointManager:
     a ckptio.CheckpointManager (``.manager``). Keyword ``options`` of ckptio
     (``staging_memory="1GiB"``, ...) pass through as ``**ckptio_options``."""
 
-    def __init__(self, directory, item_names=None, options=None, **ckptio_options):
+    def __init__(self, directory, checkpointers=None, options=None, metadata=None, item_names=None,
+                 item_handlers=None, logger=None, handler_registry=None, **ckptio_options):
+        del checkpointers, metadata, item_handlers, logger, handler_registry  # orbax's machinery, not needed
         self._composite = item_names is not None  # restore() without args gives a Composite, as orbax
         options = options or CheckpointManagerOptions()
+        self._options = options
         self._interval = max(1, int(options.save_interval_steps or 1))
         keep = options.max_to_keep if options.max_to_keep is not None else 0  # orbax keeps all by default
         ckptio_options.setdefault("prefix", options.step_prefix + "_" if options.step_prefix else "")
         self._prefix = ckptio_options["prefix"]
-        self.manager = _Manager(str(directory), keep=keep, keep_every=options.keep_period, **ckptio_options)
+        if options.read_only:
+            self.manager = _Manager(str(directory), read_only=True, **ckptio_options)
+        else:
+            self.manager = _Manager(str(directory), keep=keep, keep_every=options.keep_period, **ckptio_options)
 
     def should_save(self, step):
+        """orbax's default decision: not at or below the newest step (saved
+        or in flight), nor when read-only; then ``should_save_fn(step,
+        newest)`` if given, else a multiple of ``save_interval_steps``, a step
+        of ``save_on_steps``, or the first save of the directory."""
+        if self._options.read_only:
+            return False
         latest = self.manager.latest_step()
         in_flight = self.manager.saves_in_flight()
         newest = max([s for s in [latest] + in_flight if s is not None], default=None)
-        return (newest is None or step > newest) and step % self._interval == 0
+        if newest is not None and newest >= step:
+            return False
+        if self._options.should_save_fn is not None:
+            return bool(self._options.should_save_fn(step, newest))
+        on_steps = self._options.save_on_steps
+        return step % self._interval == 0 or (on_steps is not None and step in on_steps) or newest is None
 
     def save(self, step, items=None, save_kwargs=None, metrics=None, force=False, args=None,
              custom_metadata=None, *, metadata=None):

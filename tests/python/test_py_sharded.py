@@ -325,7 +325,7 @@ def test_a_loop_written_for_orbax_runs_with_only_its_import_changed(tmp_path):
             state = {"w": jax.device_put(global_value("w", step), sharding), "step": step}
             saved.append(mgr.save(step, args=ocp.args.StandardSave(state)))
         mgr.wait_until_finished()
-        assert saved == [False, True, False, True, False, True, False]
+        assert saved == [True, True, False, True, False, True, False]  # orbax's: the first, then every 2nd
         assert mgr.all_steps() == [4, 6] and mgr.latest_step() == 6
         abstract = {"w": jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding), "step": 0}
         back = mgr.restore(mgr.latest_step(), args=ocp.args.StandardRestore(abstract))
@@ -353,6 +353,26 @@ def test_orbax_calls_with_its_positional_order_and_keywords_work(tmp_path):
         back = other.restore(None, args=ocp.args.StandardRestore(abstract), directory=tmp_path / "run")
         assert np.asarray(back["w"]).tobytes() == global_value("w", 3).tobytes()
         assert other.all_steps() == []
+
+
+def test_orbax_options_decide_which_steps_are_saved_as_orbax_does(tmp_path):
+    from ckptio import orbax as ocp
+
+    # Each expected list is what orbax-checkpoint 0.12.8 returned for the same calls.
+    def saved(**options):
+        with ocp.CheckpointManager(tmp_path / str(len(list(tmp_path.iterdir()))), None,
+                                   ocp.CheckpointManagerOptions(**options), staging_memory="16MiB") as mgr:
+            return [mgr.save(step, args=ocp.args.StandardSave({"w": np.full(3, step)})) for step in range(1, 8)]
+
+    assert saved(save_interval_steps=2, save_on_steps=[5]) == [True, True, False, True, True, True, False]
+    assert saved(should_save_fn=lambda step, last: step % 3 == 0) == [False, False, True, False, False, True, False]
+    with pytest.raises(NotImplementedError, match="best_fn"):
+        ocp.CheckpointManagerOptions(best_fn=lambda metrics: metrics["loss"])
+    with ocp.CheckpointManager(tmp_path / "ro", options=ocp.CheckpointManagerOptions(max_to_keep=1)) as mgr:
+        mgr.save(1, args=ocp.args.StandardSave({"w": np.arange(3)}))
+    with ocp.CheckpointManager(tmp_path / "ro", options=ocp.CheckpointManagerOptions(read_only=True)) as mgr:
+        assert not mgr.should_save(2) and mgr.save(2, args=ocp.args.StandardSave({"w": np.arange(3)})) is False
+        assert mgr.all_steps() == [1] and mgr.restore(1)["w"].tolist() == [0, 1, 2]
 
 
 def test_an_orbax_composite_of_a_sharded_state_and_json_metadata_round_trips(tmp_path):
