@@ -16,10 +16,12 @@ targets and back.
 jax is never imported here: it is used only when the caller's tree or target
 already holds jax objects (sys.modules["jax"]).
 """
+import collections
 import concurrent.futures
 import ctypes
 import itertools
 import sys
+import time
 
 import numpy as np
 
@@ -215,12 +217,20 @@ _MIN_RUN = 1024
 _ALIGN = 4096
 _HUGE = 2 << 20
 _MADV_HUGEPAGE = 14
+_MADV_NOHUGEPAGE = 15
 _MADV_POPULATE_WRITE = 23  # Linux 5.14
+# A huge page that takes longer than 512 small pages would (3.5 GB/s here) to
+# populate is cold; after 3 cold ones in the last 4, 4 KiB pages are asked
+# for instead for _SMALL_S (_populate).
+_COLD_HUGE_PAGE_S = _HUGE / 3.5e9
+_SMALL_S = 1.0
+_small_until = 0.0
+_cold = collections.deque(maxlen=4)
 
 
 def _madvise():
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # ctypes releases the GIL around the call
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         return libc.madvise
     except (OSError, AttributeError):
@@ -230,13 +240,46 @@ def _madvise():
 _madvise = _madvise()
 
 
+def _populate(addr, nbytes, huge):
+    """Populates [addr, addr + nbytes) (2 MiB-aligned) in one call: as huge
+    pages (`huge`: asked for) while they come quickly, else as 4 KiB pages.
+
+    On this VM the kernel hands memory freed 2 s before back to the
+    hypervisor (free page reporting). Huge pages taken from it populated at
+    0.17-0.84 GB/s, against 3.5 GB/s for 4 KiB pages and 10-25 GB/s for huge
+    pages freed just before (a restore after another one). So the first huge
+    page of each buffer is timed: a cold one turns the rest of the buffer to
+    4 KiB pages, and 3 cold ones in the last 4 turn every buffer of the next
+    _SMALL_S. Restoring 1 GiB (bench/sharded_bench.py, 1 process) in a new
+    process took 1.29-1.41 s with huge pages always, 0.47-0.57 s with 4 KiB
+    pages always, 0.62-0.83 s so; onto another mesh after other restores,
+    0.47-0.52 s, 0.86-1.19 s and 0.57-0.80 s."""
+    global _small_until
+    if huge and time.monotonic() < _small_until:  # a buffer before this one found huge pages cold
+        _madvise(addr, nbytes, _MADV_NOHUGEPAGE)
+    elif huge:
+        t0 = time.perf_counter()
+        _madvise(addr, min(_HUGE, nbytes), _MADV_POPULATE_WRITE)
+        if nbytes <= _HUGE:
+            return
+        cold = time.perf_counter() - t0 > _COLD_HUGE_PAGE_S
+        _cold.append(cold)
+        if sum(_cold) >= 3:
+            _small_until = time.monotonic() + _SMALL_S
+            _cold.clear()
+        if cold:
+            _madvise(addr + _HUGE, nbytes - _HUGE, _MADV_NOHUGEPAGE)
+        addr, nbytes = addr + _HUGE, nbytes - _HUGE
+    _madvise(addr, nbytes, _MADV_POPULATE_WRITE)
+
+
 def _aligned_empty(shape, dtype):
     """An uninitialised array whose data starts on a 4 KiB boundary: jax takes
     such a host buffer over as a CPU device buffer without copying it
     (device_put(..., donate=True)), and O_DIRECT reads land in it directly.
-    Its pages are populated in one call (MADV_POPULATE_WRITE), huge pages
-    where the system gives them: faulting fresh memory in 4 KiB page by page,
-    as the reads would, took 1.1-2.3 s per GiB here, against 0.1-0.5 s."""
+    Its pages are populated in one call on a pool thread (_populate): faulting
+    fresh memory in 4 KiB page by page, as the reads would, took 0.6-1.2 s
+    per GiB here."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     # A buffer of 2 MiB or more starts on a huge page, and asks for huge pages.
@@ -244,12 +287,14 @@ def _aligned_empty(shape, dtype):
     raw = np.empty(nbytes + align, dtype=np.uint8)
     skip = -raw.ctypes.data % align
     if _madvise is not None and align == _HUGE:  # hints: errors ignored
-        _madvise(raw.ctypes.data + skip, nbytes // _HUGE * _HUGE, _MADV_HUGEPAGE)
+        huge = time.monotonic() >= _small_until
+        # numpy itself asks for huge pages on large arrays: said either way.
+        _madvise(raw.ctypes.data + skip, nbytes // _ALIGN * _ALIGN, _MADV_HUGEPAGE if huge else _MADV_NOHUGEPAGE)
         # On a pool thread, so that it overlaps the planning and the reads
         # (a read into a page not yet populated faults it in itself; populating
         # a page already written leaves its bytes alone). The task holds `raw`.
-        _populate_pool().submit(_madvise, raw.ctypes.data + skip, nbytes // _ALIGN * _ALIGN,
-                                _MADV_POPULATE_WRITE).add_done_callback(lambda _, keep=raw: None)
+        _populate_pool().submit(_populate, raw.ctypes.data + skip, nbytes // _ALIGN * _ALIGN,
+                                huge).add_done_callback(lambda _, keep=raw: None)
     return raw[skip:skip + nbytes].view(dtype).reshape(shape)
 
 

@@ -170,6 +170,53 @@ def test_a_subtree_restores_alone_and_numpy_and_sharded_checkpoints_restore_into
         assert like["w"].sharding == sharding and np.asarray(like["w"]).tobytes() == global_value("w", 1).tobytes()
 
 
+def test_restore_buffers_take_huge_pages_while_they_come_fast_and_small_ones_once_they_come_cold(monkeypatch):
+    # The page size of a restore's host buffers follows how fast huge pages
+    # populate (_jax._populate): madvise and the clocks are stand-ins here,
+    # the decision is the code's own.
+    from ckptio import _jax
+
+    calls, clock = [], {"now": 100.0, "probe": 0.0}
+
+    def madvise(addr, length, advice):
+        calls.append((advice, length))
+        if advice == _jax._MADV_POPULATE_WRITE and length == _jax._HUGE:
+            clock["now"] += clock["probe"]  # the probe of one huge page takes this long
+        return 0
+
+    monkeypatch.setattr(_jax, "_madvise", madvise)
+    monkeypatch.setattr(_jax.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(_jax.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(_jax, "_small_until", 0.0)
+    monkeypatch.setattr(_jax, "_cold", __import__("collections").deque(maxlen=4))
+    size = 9 << 20
+    hot, cold = _jax._COLD_HUGE_PAGE_S / 4, _jax._COLD_HUGE_PAGE_S * 4
+
+    def populate(probe, huge=True):
+        calls.clear()
+        clock["probe"] = probe
+        _jax._populate(0, size, huge)
+        return [advice for advice, _ in calls]
+
+    POP, NOHUGE = _jax._MADV_POPULATE_WRITE, _jax._MADV_NOHUGEPAGE
+    assert populate(hot) == [POP, POP]  # the rest as huge pages too
+    assert populate(cold) == [POP, NOHUGE, POP]  # this buffer's rest in small pages
+    assert populate(hot) == [POP, POP]  # one cold probe in the last 4: huge pages still
+    assert populate(cold) == [POP, NOHUGE, POP] and _jax._small_until == 0.0
+    assert populate(cold) == [POP, NOHUGE, POP] and _jax._small_until == clock["now"] + _jax._SMALL_S
+    # Cold three times in four: small pages for every buffer, from the allocation on, without a probe ...
+    assert populate(hot) == [NOHUGE, POP]
+    calls.clear()
+    _jax._aligned_empty((size,), np.uint8)
+    assert calls[0] == (NOHUGE, size)
+    # ... until _SMALL_S has passed: then huge pages are tried again.
+    clock["now"] += _jax._SMALL_S
+    assert populate(hot) == [POP, POP]
+    calls.clear()
+    _jax._aligned_empty((size,), np.uint8)
+    assert calls[0] == (_jax._MADV_HUGEPAGE, size)
+
+
 def test_a_target_that_differs_from_the_checkpoint_raises_naming_the_tensor(tmp_path, small):
     sharding = NamedSharding(mesh((4, 2)), P("a"))
     with ckptio.CheckpointManager(tmp_path, **small) as mgr:
