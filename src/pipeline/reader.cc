@@ -69,7 +69,9 @@ Task<void> PieceLane(PieceWork* w) {
         spans.push_back({d, part.len});
       }
       iov = spans;
-      s = co_await w->ckpt->shards[p.shard]->ReadAtV(p.offset, iov);
+      // The lane's buffer doubles as the scratch of a remote file's one read
+      // (the checked-only parts lie in it, each no later than its place).
+      s = co_await w->ckpt->shards[p.shard]->ReadAtV(p.offset, iov, lane_buffer());
     } else {
       char* buf = p.dst != nullptr ? p.dst : lane_buffer();
       s = co_await w->ckpt->shards[p.shard]->ReadAt(p.offset, buf, p.len);

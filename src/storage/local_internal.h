@@ -133,7 +133,7 @@ class LocalReadable final : public ReadableFile {
     CO_ASSIGN_OR_RETURN(size_t n, co_await loop_.Read(file_, dst, len, offset));
     co_return Whole(offset, len, n);
   }
-  Task<Status> ReadAtV(uint64_t offset, std::span<struct iovec> iov) override {
+  Task<Status> ReadAtV(uint64_t offset, std::span<struct iovec> iov, char* /*scratch*/) override {
     size_t len = 0;
     for (const struct iovec& v : iov) len += v.iov_len;
     CO_ASSIGN_OR_RETURN(size_t n, co_await loop_.ReadV(file_, iov.data(), iov.size(), offset));

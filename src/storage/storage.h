@@ -90,16 +90,17 @@ class ReadableFile {
   virtual Task<Status> ReadAt(uint64_t offset, char* dst, size_t len) = 0;
   // Reads the bytes at offset into the buffers of `iov` in turn (scattered:
   // the rows of a slice going to several destinations), or fails as ReadAt.
-  // May advance the iovecs. The default reads once into a buffer of its own
-  // and copies out (a remote store, where each read is a request).
-  virtual Task<Status> ReadAtV(uint64_t offset, std::span<struct iovec> iov) {
+  // May advance the iovecs. The default reads once into `scratch` (the
+  // caller's, at least the iovecs' total length; buffers of `iov` may lie in
+  // it, each no later than its bytes' place in the read) and copies out: a
+  // remote store, where each read is a request.
+  virtual Task<Status> ReadAtV(uint64_t offset, std::span<struct iovec> iov, char* scratch) {
     size_t len = 0;
     for (const struct iovec& v : iov) len += v.iov_len;
-    std::unique_ptr<char[]> buf(new char[len]);
-    CO_TRY(co_await ReadAt(offset, buf.get(), len));
+    CO_TRY(co_await ReadAt(offset, scratch, len));
     size_t pos = 0;
     for (const struct iovec& v : iov) {
-      std::memcpy(v.iov_base, buf.get() + pos, v.iov_len);
+      std::memmove(v.iov_base, scratch + pos, v.iov_len);  // moved down within scratch, or out of it
       pos += v.iov_len;
     }
     co_return Status::Ok();
