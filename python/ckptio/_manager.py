@@ -156,6 +156,25 @@ class CheckpointManager:
 
         A save of that step (or, for the latest, any save) made through this
         manager and still in flight is waited for first."""
+        step = self._step_to_read(step)
+        metadata_json, listed = self._m.tensors(step)  # the manifest, read once here
+        catalog = _jax.Catalog(listed)
+        description = self._description(metadata_json)
+        if catalog.chunked or (target is not None and _tree.has_jax_leaves(target)):
+            arrays = self._read_arrays(step, target, catalog, description)
+        else:
+            _, _, tensors = self._m.restore(step, _dtypes.NUMPY_DTYPES)
+            arrays = dict(tensors)
+        if target is not None:
+            return _tree.like(target, arrays, None if description is _NO_TREE else description)
+        if not _describes(description, set(arrays)):
+            return _tree.nest(arrays)
+        return _tree.unflatten(description, arrays)
+
+    def _step_to_read(self, step):
+        """``step`` checked, or (None) the latest committed one; a save of it
+        (of any step, for the latest) made through this manager and still in
+        flight is waited for first."""
         if step is not None:
             step = _check_step(step)
         in_flight = self.saves_in_flight()
@@ -167,30 +186,16 @@ class CheckpointManager:
             step = self._m.latest_step()
             if step is None:
                 raise NotFoundError(f"no committed checkpoint in {self.root}", "NotFound")
-        metadata_json, listed = self._m.tensors(step)  # the manifest, read once here
-        catalog = _jax.Catalog(listed)
-        description = self._description(metadata_json)
-        if catalog.chunked or (target is not None and _tree.has_jax_leaves(target)):
-            arrays = self._read_arrays(step, target, catalog, description)
-        else:
-            _, _, tensors = self._m.restore(step, _dtypes.NUMPY_DTYPES)
-            arrays = dict(tensors)
-        if target is not None:
-            return _tree.like(target, arrays, None if description is _NO_TREE else description)
-        if description is _NO_TREE or _tree.leaf_names(description) != set(arrays):
-            # Written by C++ or the CLI, or by several processes (the tree
-            # stored is process 0's part): nested dicts by name.
-            return _tree.nest(arrays)
-        return _tree.unflatten(description, arrays)
+        return step
 
     def _skeleton(self, step):
-        """The tree of checkpoint ``step`` as a target, each leaf a
-        placeholder that restores it as saved (reads nothing but the
-        manifest)."""
-        metadata_json, listed = self._m.tensors(_check_step(step))
+        """The tree of checkpoint ``step`` (already a _step_to_read) as a
+        target, each leaf a placeholder that restores it as saved (reads
+        nothing but the manifest)."""
+        metadata_json, listed = self._m.tensors(step)
         names = set(_jax.Catalog(listed).arrays)
         description = self._description(metadata_json)
-        if description is _NO_TREE or _tree.leaf_names(description) != names:
+        if not _describes(description, names):
             return _tree.nest({name: _tree.AS_SAVED for name in names})
         return _tree.skeleton(description)
 
@@ -320,6 +325,14 @@ class CheckpointManager:
 
 
 _NO_TREE = object()
+
+
+def _describes(description, names):
+    """Whether the stored tree `description` is that of exactly the tensors
+    `names`. It is not for a checkpoint written by C++ or the CLI (no tree),
+    nor by several processes (the tree stored is process 0's part): those
+    restore as nested dicts by name."""
+    return description is not _NO_TREE and _tree.leaf_names(description) == names
 
 
 def _close_all_at_exit():

@@ -39,7 +39,6 @@ import dataclasses
 import types
 from collections.abc import Mapping
 
-from ._errors import NotFoundError
 from ._manager import CheckpointManager as _Manager
 
 
@@ -141,10 +140,7 @@ def _restore(manager, step, request, composite):
     """Restores ``step`` (None: the latest) of ``manager`` shaped like
     ``request``. The items of a Composite given without a target
     (``JsonRestore()``) come back as saved."""
-    if step is None:
-        step = manager.latest_step()
-        if step is None:
-            raise NotFoundError(f"no committed checkpoint in {manager.root}", "NotFound")
+    step = manager._step_to_read(step)  # once: the skeleton and the restore read the same step
     target = _item(request)
     if isinstance(request, Composite) and any(t is None for t in target.values()):
         saved = manager._skeleton(step)

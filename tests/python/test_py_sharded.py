@@ -402,6 +402,22 @@ def test_orbax_calls_with_its_positional_order_and_keywords_work(tmp_path):
         assert other.all_steps() == []
 
 
+def test_an_orbax_restore_of_the_latest_step_waits_for_the_save_still_in_flight(tmp_path):
+    from ckptio import orbax as ocp
+
+    sharding = NamedSharding(mesh((4, 2)), P("a"))
+    abstract = {"w": jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=sharding)}
+    with ocp.CheckpointManager(tmp_path / "run", staging_memory="64MiB") as mgr:
+        for step in (1, 2):
+            mgr.save(step, args=ocp.args.StandardSave({"w": jax.device_put(global_value("w", step), sharding)}))
+        plain = mgr.restore(None, args=ocp.args.StandardRestore(abstract))  # no wait_until_finished before
+        assert np.asarray(plain["w"]).tobytes() == global_value("w", 2).tobytes()
+        mgr.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave({"w": global_value("w", 3)}),
+                                            meta=ocp.args.JsonSave({"step": 3})))
+        both = mgr.restore(None, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        assert both.meta == {"step": 3}
+
+
 def test_orbax_options_decide_which_steps_are_saved_as_orbax_does(tmp_path):
     from ckptio import orbax as ocp
 
