@@ -253,7 +253,7 @@ def _populate(addr, nbytes, huge):
     _SMALL_S. Restoring 1 GiB (bench/sharded_bench.py, 1 process) in a new
     process took 1.29-1.41 s with huge pages always, 0.47-0.57 s with 4 KiB
     pages always, 0.62-0.83 s so; onto another mesh after other restores,
-    0.47-0.52 s, 0.86-1.19 s and 0.57-0.80 s."""
+    0.47-0.52 s, 0.86-1.19 s and 0.60-0.80 s."""
     global _small_until
     if huge and time.monotonic() < _small_until:  # a buffer before this one found huge pages cold
         _madvise(addr, nbytes, _MADV_NOHUGEPAGE)
@@ -277,9 +277,10 @@ def _aligned_empty(shape, dtype):
     """An uninitialised array whose data starts on a 4 KiB boundary: jax takes
     such a host buffer over as a CPU device buffer without copying it
     (device_put(..., donate=True)), and O_DIRECT reads land in it directly.
-    Its pages are populated in one call on a pool thread (_populate): faulting
-    fresh memory in 4 KiB page by page, as the reads would, took 0.6-1.2 s
-    per GiB here."""
+    Its pages are populated in one call on a pool thread (_populate): a
+    restore of 1 GiB in a new process whose reads faulted the pages in
+    themselves, 4 KiB at a time, took 0.52-1.22 s here, against 0.44-0.57 s
+    with them populated first."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     # A buffer of 2 MiB or more starts on a huge page, and asks for huge pages.

@@ -319,7 +319,7 @@ class AsyncManager:
     (as ``wait_until_finished()`` does)."""
 
     def __init__(self, max_workers=1):
-        self.max_workers = max_workers
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
         self.save_future = None
 
     def wait_previous_save(self):
@@ -328,18 +328,9 @@ class AsyncManager:
         wait_until_finished()
 
     def save_async(self, task):
-        """Runs ``task`` on a thread of its own, after the previous one."""
+        """Runs ``task`` on the executor, after the previous one (as flax's)."""
         self.wait_previous_save()
-        future = concurrent.futures.Future()
-
-        def run():
-            try:
-                future.set_result(task())
-            except BaseException as e:  # handed to whoever waits for it
-                future.set_exception(e)
-
-        threading.Thread(target=run, name="ckptio-flax-async", daemon=True).start()
-        self.save_future = future
+        self.save_future = self.executor.submit(task)
 
 
 def save_checkpoint(ckpt_dir, target, step, prefix="checkpoint_", keep=1, overwrite=False,

@@ -85,6 +85,18 @@ def test_a_loop_with_flaxs_async_manager_runs_with_only_its_import_changed(tmp_p
         checkpoints.restore_checkpoint(ckpt_dir, train_state(0), orbax_transforms={"a": "b"})
 
 
+def test_async_manager_save_async_runs_tasks_in_turn_and_hands_back_their_failure(flax_ckpt):
+    am = flax_ckpt.AsyncManager()
+    ran = []
+    am.save_async(lambda: ran.append(1))
+    am.save_async(lambda: ran.append(2))  # after the first has finished
+    am.wait_previous_save()
+    assert ran == [1, 2]
+    am.save_async(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        am.wait_previous_save()
+
+
 def test_restoring_from_the_returned_path_or_without_target_gives_the_state_dict(tmp_path, flax_ckpt):
     state = {"params": [np.arange(3.0), np.ones((2, 2), np.int8)], "step": 7, "scale": np.float32(0.5),
              "name": "resnet", "nothing": None}
