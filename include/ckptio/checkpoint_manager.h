@@ -135,6 +135,10 @@ struct ManagerStats {
   uint64_t bytes_resumed = 0;
   // tiers.seed_local: steps copied from the remote tier into the local one.
   uint64_t steps_seeded = 0;
+  // Two tiers in a multi-host job: bytes this host's restores read from the
+  // remote tier because its local tier lacked them (a replaced host, a
+  // damaged local copy, another process count).
+  uint64_t bytes_read_remote = 0;
 };
 
 class CKPTIO_EXPORT CheckpointManager {

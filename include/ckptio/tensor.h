@@ -43,6 +43,12 @@ struct TensorRef {
   std::vector<uint64_t> shape;  // empty = scalar
   const void* data = nullptr;   // may be null only for a zero-byte tensor
   ChunkOf chunk = {};           // set when the tensor is one chunk of a larger array
+  // Two tiers in a multi-host job only: a copy of a tensor (or chunk) that
+  // another process saves, kept in this host's local tier alone so that a
+  // restore here reads it from the local disk (a replicated array's part
+  // another process writes, a scalar process 0 writes). Never sent to the
+  // remote tier, never part of the checkpoint's manifest.
+  bool local_copy = false;
 };
 
 // A caller buffer to restore into: must match the saved dtype and shape.

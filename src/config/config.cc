@@ -307,10 +307,6 @@ Status ValidateOptions(const Options& options) {
         "key \"incremental\": cannot be combined with overwrite (replacing a step would delete the "
         "shards later steps refer to)");
   }
-  if (options.incremental && options.multihost.process_count > 1) {
-    return InvalidArgumentError("key \"incremental\": not supported in multi-host saves yet (multihost.process_count " +
-                                std::to_string(options.multihost.process_count) + ")");
-  }
   const auto& retry = options.gcs.retry;
   if (retry.initial_backoff > retry.max_backoff) {
     return InvalidArgumentError(

@@ -150,9 +150,10 @@ Status CheckChunks(std::string_view file, const std::vector<ManifestTensor>& ten
 // bytes) agrees with the manifest: same file size, same set of tensors with
 // the same dtypes, shapes and absolute offsets (data_start + begin).
 // Corruption naming the shard and the tensor; InvalidArgument if shard_index
-// is out of range.
+// is out of range. With `subset` (or a shard of an earlier checkpoint), the
+// header may hold tensors the manifest does not place in this shard.
 Status CheckShardMatchesManifest(const Manifest& manifest, size_t shard_index,
-                                 const SafetensorsHeader& header, uint64_t file_size);
+                                 const SafetensorsHeader& header, uint64_t file_size, bool subset = false);
 
 // "2024-05-01T12:00:00Z" for t (second precision, UTC).
 std::string FormatRfc3339Utc(std::chrono::system_clock::time_point t);

@@ -13,17 +13,31 @@ using pipeline::SaveState;
 namespace {
 class Callback final : public Barrier {
  public:
-  explicit Callback(std::function<Status(const std::string&, std::chrono::milliseconds)> fn) : fn_(std::move(fn)) {}
+  Callback(std::function<Status(const std::string&, std::chrono::milliseconds)> fn, AllGatherFn all_gather)
+      : fn_(std::move(fn)), all_gather_(std::move(all_gather)) {}
   Status Wait(const std::string& name, std::chrono::milliseconds timeout) override { return fn_(name, timeout); }
+  Result<std::vector<std::string>> AllGather(const std::string& name, std::string bytes,
+                                             std::chrono::milliseconds timeout) override {
+    if (!all_gather_) return Barrier::AllGather(name, std::move(bytes), timeout);
+    return all_gather_(name, std::move(bytes), timeout);
+  }
 
  private:
   std::function<Status(const std::string&, std::chrono::milliseconds)> fn_;
+  AllGatherFn all_gather_;
 };
 }  // namespace
 
+Result<std::vector<std::string>> Barrier::AllGather(const std::string& name, std::string bytes,
+                                                    std::chrono::milliseconds timeout) {
+  (void)bytes;
+  (void)timeout;
+  return UnimplementedError("barrier \"" + name + "\": this barrier cannot exchange bytes");
+}
+
 std::shared_ptr<Barrier> CallbackBarrier(
-    std::function<Status(const std::string& name, std::chrono::milliseconds timeout)> fn) {
-  return std::make_shared<Callback>(std::move(fn));
+    std::function<Status(const std::string& name, std::chrono::milliseconds timeout)> fn, AllGatherFn all_gather) {
+  return std::make_shared<Callback>(std::move(fn), std::move(all_gather));
 }
 
 int64_t SaveHandle::step() const { return state_ ? state_->step : -1; }

@@ -45,7 +45,8 @@ std::string FragmentName(int process) {
   return b;
 }
 
-std::string MakeFragment(format::Manifest part, int64_t step, int index, int count, const Status& error) {
+std::string MakeFragment(format::Manifest part, int64_t step, int index, int count, const Status& error,
+                         nlohmann::json extra) {
   if (!error.ok()) {
     part.tensors.clear();
     part.shards.clear();
@@ -55,6 +56,7 @@ std::string MakeFragment(format::Manifest part, int64_t step, int index, int cou
   part.writer = std::string("ckptio ") + CKPTIO_VERSION;
   part.metadata = {{"process_index", index}, {"process_count", count}, {"written_at_ms", NowMs()}};
   if (!error.ok()) part.metadata["error"] = error.message();
+  part.metadata.update(extra);
   return format::SerializeManifest(part);
 }
 
@@ -87,7 +89,8 @@ Task<Result<format::Manifest>> GatherFragments(runtime::Loop& loop, storage::Che
         CO_ASSIGN_OR_RETURN(format::Manifest f,
                             format::ParseManifest(spec.step_name + "/" + FragmentName(p), *bytes[i],
                                                   format::Chunks::kPartial));
-        if (f.step == step && f.metadata.value("written_at_ms", int64_t{0}) >= oldest_ms) got[p] = std::move(f);
+        const bool current = spec.accept ? spec.accept(p, f) : f.metadata.value("written_at_ms", int64_t{0}) >= oldest_ms;
+        if (f.step == step && current) got[p] = std::move(f);
       }
       if (!got[p]) missing.push_back(p);
     }
@@ -96,24 +99,33 @@ Task<Result<format::Manifest>> GatherFragments(runtime::Loop& loop, storage::Che
       std::string who;  // the first few; a 2,048-process job must not log 2,048 numbers
       for (size_t i = 0; i < missing.size() && i < 16; ++i) who += (i ? ", " : "") + std::to_string(missing[i]);
       if (missing.size() > 16) who += " and " + std::to_string(missing.size() - 16) + " more";
-      co_return DeadlineExceededError("barrier \"written/" + std::to_string(step) + "\": no fragment from process" +
+      const std::string what =
+          spec.waiting_for.empty() ? "barrier \"written/" + std::to_string(step) + "\"" : spec.waiting_for;
+      co_return DeadlineExceededError(what + ": no fragment from process" +
                                       (missing.size() > 1 ? "es " : " ") + who + " after " +
                                       std::to_string(spec.timeout.count()) + " ms");
     }
     Status slept = co_await loop.Sleep(backoff.Next(deadline));
     slept.IgnoreError();
   }
-  // Merge: every process's shards and tensors, in process order.
+  std::vector<format::Manifest> fragments;
+  for (std::optional<format::Manifest>& f : got) fragments.push_back(std::move(*f));
+  co_return MergeFragments(fragments, step, spec.step_name, std::move(spec.metadata));
+}
+
+Result<format::Manifest> MergeFragments(const std::vector<format::Manifest>& fragments, int64_t step,
+                                        const std::string& step_name, nlohmann::json metadata) {
   format::Manifest merged;
   merged.step = step;
-  merged.created = format::FormatRfc3339Utc(std::chrono::system_clock::now());
+  merged.created = fragments.empty() ? format::FormatRfc3339Utc(std::chrono::system_clock::now())
+                                     : fragments[0].created;
   merged.writer = std::string("ckptio ") + CKPTIO_VERSION;
-  merged.metadata = std::move(spec.metadata);
-  for (int p = 0; p < count; ++p) {
-    const format::Manifest& f = *got[p];
+  merged.metadata = std::move(metadata);
+  for (size_t p = 0; p < fragments.size(); ++p) {
+    const format::Manifest& f = fragments[p];
     if (f.metadata.contains("error")) {
-      co_return UnavailableError("process " + std::to_string(p) + " failed to write its part of step " +
-                                 std::to_string(step) + ": " + f.metadata["error"].get<std::string>());
+      return UnavailableError("process " + std::to_string(p) + " failed to write its part of step " +
+                              std::to_string(step) + ": " + f.metadata["error"].get<std::string>());
     }
     const auto base = static_cast<uint32_t>(merged.shards.size());
     merged.shards.insert(merged.shards.end(), f.shards.begin(), f.shards.end());
@@ -123,10 +135,9 @@ Task<Result<format::Manifest>> GatherFragments(runtime::Loop& loop, storage::Che
     }
   }
   merged.format_version = format::FormatVersionFor(merged);
-  CO_TRY(format::ValidateManifest(spec.step_name + "/manifest.json (merged from " + std::to_string(count) +
-                                      " fragments)",
-                                  merged));
-  co_return merged;
+  RETURN_IF_ERROR(format::ValidateManifest(
+      step_name + "/manifest.json (merged from " + std::to_string(fragments.size()) + " fragments)", merged));
+  return merged;
 }
 
 }  // namespace ckptio::pipeline

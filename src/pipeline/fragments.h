@@ -3,9 +3,11 @@
 // how process 0 gathers and merges them into the one manifest it commits.
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "ckptio/status.h"
 #include "runtime/task.h"
@@ -20,8 +22,18 @@ std::string FragmentName(int process);
 
 // The fragment of process `index` of `count` for `step`: a manifest of its
 // tensors and shards (`part`), or of nothing but `error` if it failed, so
-// that process 0 can say why the step was not committed.
-std::string MakeFragment(format::Manifest part, int64_t step, int index, int count, const Status& error);
+// that process 0 can say why the step was not committed. `extra` (an
+// object) joins the fragment's metadata.
+std::string MakeFragment(format::Manifest part, int64_t step, int index, int count, const Status& error,
+                         nlohmann::json extra = nlohmann::json::object());
+
+// Merges the fragments of every process (by process index) into the manifest
+// of the step: every process's shards and tensors, in process order, the
+// user's `metadata`, process 0's creation time (so that every process merging
+// the same fragments gets the same bytes). Fails if a fragment says its
+// process failed (Unavailable naming it), or the merged manifest is not valid.
+Result<format::Manifest> MergeFragments(const std::vector<format::Manifest>& fragments, int64_t step,
+                                        const std::string& step_name, nlohmann::json metadata);
 
 struct GatherSpec {
   int count = 1;
@@ -32,6 +44,12 @@ struct GatherSpec {
   // them once (a barrier already said they are all written).
   bool poll = false;
   nlohmann::json metadata;  // the user's, for the merged manifest
+  // If set: whether process p's fragment belongs to this attempt at the step
+  // (else: written within the timeout). One that does not counts as missing.
+  std::function<bool(int p, const format::Manifest& fragment)> accept;
+  // What is waited for, in the timeout's message; default: the barrier
+  // "written/<step>".
+  std::string waiting_for;
 };
 
 // The storage-only barrier's polling schedule: from `first`, doubling, up to

@@ -47,8 +47,10 @@ Result<SavePlan> PlanChanged(const SavePlan& plan, char* region, const std::vect
     changed.specs.push_back(plan.specs[i]);
     changed.sources.push_back(where[i]);
     changed.chunks.push_back(plan.chunks[i]);
+    changed.local_copy.push_back(plan.local_copy[i]);
   }
-  ASSIGN_OR_RETURN(changed.shards, format::PlanShards(changed.specs, options.shard_size, StagingPool::kAlign));
+  // Named as the plan's files are: a multi-host save's after its process.
+  ASSIGN_OR_RETURN(changed.shards, PlanShardFiles(changed.specs, changed.local_copy, options));
   for (const format::PlannedShard& s : changed.shards) {
     changed.prefix_crc.push_back(format::Crc32c(s.prefix.data(), s.prefix.size()));
     changed.image_offset.push_back(0);  // unused: prefixes live in the plan

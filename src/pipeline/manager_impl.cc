@@ -86,10 +86,6 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
       return InvalidArgumentError("incremental saves cannot be combined with overwrite: replacing a step would "
                                   "delete the shards later steps refer to");
     }
-    if (options.multihost.process_count > 1) {
-      return InvalidArgumentError("incremental saves are not supported in multi-host saves yet (process_count " +
-                                  std::to_string(options.multihost.process_count) + ")");
-    }
   }
   std::unique_ptr<ManagerImpl> m(new ManagerImpl(std::move(url), std::move(options)));
   m->read_only_ = read_only;
@@ -104,14 +100,21 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
     return m;
   }
   RETURN_IF_ERROR(m->SetUpMultihost(std::move(barrier)));
-  if (m->leader()) {  // the one writer of the root (process 0 of a multi-host job)
+  if (m->per_host()) {
+    // Each host locks and clears its own local tier, then the hosts learn
+    // which steps every local tier holds (a failure to open is swapped too,
+    // so that the others fail at once instead of at their timeout).
+    Status opened = m->loop().BlockOn(m->LockTask());
+    if (opened.ok()) opened = m->loop().BlockOn(m->Refresh(/*remove_debris=*/true));
+    RETURN_IF_ERROR(m->loop().BlockOn(m->AgreeOnLocalSteps(std::move(opened))));
+  } else if (m->owns_root()) {  // the one writer of the root (process 0 of a multi-host job)
     RETURN_IF_ERROR(m->loop().BlockOn(m->LockTask()));
     RETURN_IF_ERROR(m->loop().BlockOn(m->Refresh(/*remove_debris=*/true)));
   } else {
     RETURN_IF_ERROR(m->loop().BlockOn(m->Refresh(/*remove_debris=*/false)));
   }
   // Nobody writes before process 0 has cleared the debris of earlier runs.
-  if (m->multihost()) RETURN_IF_ERROR(m->loop().BlockOn(m->BarrierWait("open")));
+  if (m->shared_root()) RETURN_IF_ERROR(m->loop().BlockOn(m->BarrierWait("open")));
   runtime::Loop* loop = &m->loop();
   StagingPool::GrownFn on_grown;
   if (m->options_.io.register_buffers) {
@@ -226,7 +229,7 @@ Task<Status> ManagerImpl::Refresh(bool remove_debris) {
   References referenced;
   for (const auto& [step, name] : unfinished) {
     bool tmp = name.find(storage::kTmpMarker) != std::string::npos;
-    if ((!tmp || multihost()) && step >= newest) continue;
+    if ((!tmp || shared_root()) && step >= newest) continue;
     Status s;
     if (tmp) {
       s = co_await storage_->Remove(name);
@@ -440,11 +443,7 @@ Task<void> ManagerImpl::RunSave(std::shared_ptr<SaveJob> job) {
       pending_errors_.push_back(s);
     }
   }
-  if (s.ok() && job->committed) {
-    References refs;
-    AddReferences(job->committed->manifest, &refs);
-    refs_[step] = std::move(refs);
-  }
+  if (s.ok()) refs_[step] = std::move(job->references);
   job->ended.Set();
   job->previous.reset();
   {
@@ -454,7 +453,7 @@ Task<void> ManagerImpl::RunSave(std::shared_ptr<SaveJob> job) {
   const bool committed = s.ok();
   job->state->Finish(std::move(s));  // the caller waits for the commit, not for pruning
   if (committed && remote_ && step % options_.tiers.remote_every == 0) EnqueueReplication(step);
-  if (committed && leader()) {
+  if (committed && owns_root()) {
     Status p = co_await PruneNow();
     if (!p.ok()) {
       std::lock_guard lock(mu_);
@@ -505,7 +504,23 @@ Task<Status> ManagerImpl::TimedWrite(storage::CheckpointWriter* writer, const st
   co_return co_await writer->WriteFile(image);
 }
 
+Result<format::Manifest> ManagerImpl::BuildManifest(SaveJob* job, format::Chunks chunks) {
+  const int64_t step = job->plan.step;
+  format::Manifest m =
+      !options_.incremental ? MakeManifest(job->plan, job->tensor_crc, job->shard_crc, job->metadata)
+      : job->reusing ? MakeIncrementalManifest(job->plan, job->changed, job->changed_from, job->tensor_crc,
+                                               job->tensor_hash, job->shard_crc, job->reuse, *job->base, job->metadata)
+                     : MakeManifest(job->plan, job->tensor_crc, job->shard_crc, job->metadata, &job->tensor_hash);
+  RETURN_IF_ERROR(format::ValidateManifest(StepName(step) + "/manifest.json", m, chunks));
+  // What the next incremental save of this process compares against: what
+  // it wrote itself (and, on a host of its own, its local copies).
+  job->committed = std::make_shared<IncrementalBase>(IncrementalBase{step, StepName(step), m});
+  AddReferences(m, &job->references);
+  return m;
+}
+
 Task<Status> ManagerImpl::Persist(SaveJob* job) {
+  if (per_host()) co_return co_await PersistPerHost(job);
   if (multihost()) co_return co_await PersistShared(job);
   const int64_t step = job->plan.step;
   CO_TRY(co_await CheckNotReferenced(step));
@@ -516,14 +531,12 @@ Task<Status> ManagerImpl::Persist(SaveJob* job) {
   ReleaseStaging(job);
   std::string manifest_json;
   if (s.ok()) {
-    format::Manifest m =
-        !options_.incremental ? MakeManifest(job->plan, job->tensor_crc, job->shard_crc, job->metadata)
-        : job->reusing ? MakeIncrementalManifest(job->plan, job->changed, job->changed_from, job->tensor_crc,
-                                                 job->tensor_hash, job->shard_crc, job->reuse, *job->base, job->metadata)
-                       : MakeManifest(job->plan, job->tensor_crc, job->shard_crc, job->metadata, &job->tensor_hash);
-    s = format::ValidateManifest(StepName(step) + "/manifest.json", m);
-    if (s.ok()) manifest_json = format::SerializeManifest(m);
-    if (s.ok()) job->committed = std::make_shared<IncrementalBase>(IncrementalBase{step, StepName(step), std::move(m)});
+    Result<format::Manifest> m = BuildManifest(job, format::Chunks::kComplete);
+    if (m.ok()) {
+      manifest_json = format::SerializeManifest(*m);
+    } else {
+      s = m.status();
+    }
   }
   if (job->previous) {
     co_await job->previous->ended.Wait();  // commits happen in admission order
@@ -641,6 +654,10 @@ ManagerStats ManagerImpl::stats() const {
   }
   s.storage_retries = storage_->retries() + (remote_ ? remote_->storage_->retries() : 0);
   s.bytes_resumed = storage_->bytes_resumed() + (remote_ ? remote_->storage_->bytes_resumed() : 0);
+  // What restores read from the remote tier: the files of a step of this
+  // tier that this host lacked, and the steps read there whole.
+  s.bytes_read_remote =
+      bytes_read_remote_.load(std::memory_order_relaxed) + (remote_ ? remote_->bytes_read_.load() : 0);
   return s;
 }
 

@@ -98,7 +98,8 @@ struct SaveJob {
   SavePlan changed;                  // what is written, when some tensors are reused
   std::vector<size_t> changed_from;  // changed spec -> plan spec
   bool reusing = false;
-  std::shared_ptr<const IncrementalBase> committed;  // this save's manifest, once built
+  std::shared_ptr<const IncrementalBase> committed;  // what this process wrote and holds, once built
+  References references;  // the files of other checkpoints the committed step refers to
 };
 
 class ManagerImpl {
@@ -134,8 +135,12 @@ class ManagerImpl {
   // Waits until every step queued for the remote tier is copied there (or
   // failed); returns the failures not reported yet. OK without a remote tier.
   Status WaitUntilReplicated();
-  // The committed steps of both tiers, ascending.
+  // The committed steps of both tiers, ascending (on hosts of their own:
+  // of the local tier, those every host holds).
   std::vector<int64_t> AllStepsAllTiers() const;
+  // Per-host roots: the committed steps of this tier that every host's
+  // local tier holds, ascending.
+  std::vector<int64_t> AgreedSteps() const;
   ManagerImpl* remote() const { return remote_.get(); }
   // Reads with `read(manager, step)` from the tier that holds `step`
   // (nullopt: the newest step of either tier): this one first, the remote
@@ -151,11 +156,32 @@ class ManagerImpl {
   // ---- multi-host (multihost.cc) ----
   bool multihost() const { return options_.multihost.process_count > 1; }
   bool leader() const { return options_.multihost.process_index == 0; }
+  // Two tiers in a multi-host job: the root is this host's own local tier
+  // (hosts share no disk); the processes share the remote tier.
+  bool per_host() const { return multihost() && !options_.tiers.remote.empty(); }
+  // Several processes write into this root (one multi-host checkpoint).
+  bool shared_root() const { return multihost() && !per_host(); }
+  // This process locks the root, clears its debris and prunes it: it writes
+  // the root alone, or is process 0 of those that share it.
+  bool owns_root() const { return !shared_root() || leader(); }
   Status SetUpMultihost(std::shared_ptr<Barrier> barrier);
   // Waits at barrier `name` (callback barriers only; the storage fallback
   // polls instead), on the barrier thread.
   Task<Status> BarrierWait(std::string name);
+  // Every process's `bytes` (by process index), once all have given theirs:
+  // the barrier's AllGather, on the barrier thread.
+  Task<Result<std::vector<std::string>>> Exchange(std::string name, std::string bytes);
+  // Per-host roots: after the root is locked and cleared, the processes
+  // swap what their local tiers hold (agreed_) and whether they opened.
+  Task<Status> AgreeOnLocalSteps(Status opened);
+  // The manifest of what this save wrote (incremental or not), validated:
+  // a whole checkpoint's, or this process's part of a multi-host one.
+  Result<format::Manifest> BuildManifest(SaveJob* job, format::Chunks chunks);
   Task<Status> PersistShared(SaveJob* job);
+  // Per-host roots: every process writes its files and local copies into its
+  // own local tier, the processes swap their parts of the manifest, and each
+  // commits the merged manifest in its own tier.
+  Task<Status> PersistPerHost(SaveJob* job);
   Task<Status> WriteFragment(SaveJob* job, storage::CheckpointWriter* writer, const Status& written);
   Task<Result<format::Manifest>> GatherFragments(SaveJob* job, storage::CheckpointWriter* writer);
   Task<Status> AwaitCommit(int64_t step);
@@ -187,6 +213,12 @@ class ManagerImpl {
   // Picks and pins the base, matches the tensors against it, and re-plans
   // the files to write when some are reused. Then FinishCrcs.
   Task<Status> PlanIncremental(SaveJob* job);
+  // Per-host roots: the index of this host's local copies in step `step`
+  // (NotFound where there is none).
+  Task<Result<format::Manifest>> ReadLocalPart(int64_t step);
+  // What this process wrote of step `step`: the whole manifest, or in a
+  // multi-host job its own files' part (and its local copies).
+  Task<Result<format::Manifest>> ReadHeldManifest(int64_t step);
   // Reads the manifest of every committed step whose references are not
   // known yet. A manifest that is gone or corrupt refers to nothing.
   Task<Status> LoadReferences();
@@ -209,6 +241,16 @@ class ManagerImpl {
   bool WaitIdleUntil(std::unique_lock<std::mutex>& lock, Clock::time_point deadline);
   void ReleaseStaging(SaveJob* job);
   Task<Status> PruneNow();
+  // Opens committed step `step` for reading (the manifest's step checked;
+  // the shards holding the tensors `filter` picks, default all). On a host of its own (a step
+  // with a local-part.json), the tensors this host holds come from its
+  // local tier and the others from the remote tier; with `held_only`, the
+  // step is what this host holds, nothing more (tiered_read.cc).
+  Task<Result<OpenedCheckpoint>> OpenStep(int64_t step, TensorFilter filter = {}, bool held_only = false);
+  // The tensors a per-host step's reader takes from elsewhere than this
+  // tier, from the remote tier; see OpenStep.
+  Task<Status> TakeFromRemote(int64_t step, OpenedCheckpoint* c, std::vector<bool>* local_shard,
+                              const std::vector<size_t>& wanted);
   Task<Result<RestoredCheckpoint>> RestoreTask(int64_t step, const ProgressFn* progress);
   Task<Status> RestoreIntoTask(int64_t step, std::span<const MutableTensorRef> tensors);
   Task<Status> RestoreSlicesTask(int64_t step, std::span<const TensorSlice> slices);
@@ -255,6 +297,9 @@ class ManagerImpl {
   std::thread::id final_save_thread_;  // ...except from the final-save callback
   std::shared_ptr<SaveJob> last_job_;
   std::shared_ptr<const IncrementalBase> base_;  // the newest committed manifest (incremental)
+  // Per-host roots: the steps every host's local tier committed (as of the
+  // open, plus the saves since), so that every process reads the same step.
+  std::set<int64_t> agreed_;  // guarded by mu_
   // Loop thread only: the references of committed steps (step -> files of
   // other checkpoints), and retired checkpoints (no manifest: pruned, but
   // holding files that kept steps refer to) -> the files they keep.
@@ -275,8 +320,31 @@ class ManagerImpl {
   // directory root `source`, whose manifest is `manifest` (its files mmapped, sent as they are; a file of
   // an earlier step the remote tier lacks is sent as one of this step's),
   // commits it manifest last, and applies the remote retention.
-  Task<Status> ReplicateTask(std::string source, int64_t step, std::string manifest);
-  Status Replicate(const std::string& source, int64_t step, std::string manifest);
+  // In a multi-host job each process sends its own files and leaves its
+  // fragment (CommitParts); a failure to read the manifest is reported too.
+  Task<Status> ReplicateTask(std::string source, int64_t step, Result<std::string> manifest);
+  Status Replicate(const std::string& source, int64_t step, Result<std::string> manifest);
+  // On the remote tier's manager of a multi-host job: leaves this process's
+  // fragment of step `whole.step` (its part `own` as sent, or the failure
+  // `written`); process 0 then waits for every process's, merges them and
+  // commits the step (CommitCopy). The others are done once theirs is there.
+  Task<Status> CommitParts(storage::CheckpointWriter* writer, Status written, format::Manifest whole,
+                           format::Manifest own, uint64_t bytes, Clock::duration took);
+  // Leaves a fragment that says this process could not copy step `step`.
+  Task<Status> ReportFailedPart(int64_t step, Status failure);
+  // The oldest queued step (not one kept forever) once `queued` steps wait
+  // for the remote tier and it keeps fewer: taken off the queue and counted
+  // as skipped. REQUIRES: mu_ held.
+  std::optional<int64_t> DropOldestQueued(size_t queued);
+  // A step that will not be copied: unpinned, said once on stderr.
+  void SkipReplication(int64_t step);
+  // Per-host roots. Process 0, before swapping the parts of `step`: the step
+  // the copies skip once `step` is queued (DropOldestQueued), off its own
+  // queue at once; sent with its part. Every other process applies process
+  // 0's decision (ApplyReplicationSkips), so that all hosts copy the same
+  // steps.
+  nlohmann::json PlanReplicationSkips(int64_t step);
+  void ApplyReplicationSkips(const std::vector<int64_t>& steps);
   // tiers.seed_local, on the replicator thread: copies the remote tier's
   // committed `step` into this (local) tier, commits it manifest last. A
   // file of an earlier step this tier lacks is copied as one of this step's.
@@ -292,6 +360,14 @@ class ManagerImpl {
   // `checkpoint`, `size` bytes, into dst (in pieces, in parallel).
   Task<Status> ReadWholeFile(std::string checkpoint, std::string file, char* dst, uint64_t size);
   std::unique_ptr<ManagerImpl> remote_;  // the remote tier, or null
+  // Per-host roots: the remote tier's files, read from this tier's loop
+  // (each call hops to the remote tier's), counting the bytes read.
+  std::unique_ptr<storage::Storage> remote_files_;
+  std::atomic<uint64_t> bytes_read_remote_{0};
+  // Tensor bytes this tier's reads read (on the remote tier's manager: what
+  // restores read from the remote tier).
+  std::atomic<uint64_t> bytes_read_{0};
+  std::atomic<bool> warned_remote_reads_{false};
   std::thread replicator_;
   std::condition_variable replication_cv_;    // the queue or replicating_ changed
   std::deque<int64_t> replication_queue_;     // guarded by mu_
@@ -299,18 +375,30 @@ class ManagerImpl {
   std::optional<int64_t> seed_step_;          // guarded by mu_: to copy from the remote tier
   bool stop_replicating_ = false;             // guarded by mu_
   std::vector<Status> replication_errors_;    // guarded by mu_
+  // Per-host roots, processes but 0: steps whose part this host has sent,
+  // not yet seen committed in the remote tier; steps process 0 skipped.
+  std::set<int64_t> awaiting_remote_commit_;  // guarded by mu_
+  std::set<int64_t> skipped_remote_;          // guarded by mu_
   std::atomic<bool> warned_written_before_return_{false};
   std::atomic<bool> warned_replication_skipped_{false};
   ManagerStats stats_;
 };
+
+// The remote tier's storage `remote` (on `loop`) as a read-only storage that
+// the local tier's loop can use; counts the bytes read into `bytes`.
+std::unique_ptr<storage::Storage> MakeRemoteFiles(storage::Storage* remote, runtime::Loop* loop,
+                                                  std::atomic<uint64_t>* bytes);
 
 template <typename F>
 auto ManagerImpl::ReadFromTiers(std::optional<int64_t> step, F&& read) -> decltype(read(*this, step)) {
   if (!remote_) return read(*this, step);
   const std::vector<int64_t> local = AllSteps(), remote = remote_->AllSteps();
   if (!step) {
-    if (local.empty() && remote.empty()) return read(*this, step);  // the "no checkpoint" error
-    step = std::max(local.empty() ? -1 : local.back(), remote.empty() ? -1 : remote.back());
+    // On hosts of their own, only steps every host holds (or the remote
+    // tier does): every process must read the same step.
+    const std::vector<int64_t> ours = per_host() ? AgreedSteps() : local;
+    if (ours.empty() && remote.empty()) return read(*this, step);  // the "no checkpoint" error
+    step = std::max(ours.empty() ? -1 : ours.back(), remote.empty() ? -1 : remote.back());
   }
   const bool in_local = std::binary_search(local.begin(), local.end(), *step);
   const bool in_remote = std::binary_search(remote.begin(), remote.end(), *step);

@@ -54,11 +54,7 @@ void ManagerImpl::Unpin(int64_t step) {
 
 Task<Result<RestoredCheckpoint>> ManagerImpl::RestoreTask(int64_t step, const ProgressFn* progress) {
   runtime::ScopedSpan span(tracer_.get(), runtime::Track::kRead, "restore " + std::to_string(step));
-  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenCheckpoint(storage_.get(), StepName(step)));
-  if (c.manifest.step != step) {
-    co_return CorruptionError(c.path + "/manifest.json: says step " + std::to_string(c.manifest.step) +
-                              ", but the directory is step " + std::to_string(step));
-  }
+  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenStep(step));
   CO_TRY(CheckFitsInMemory(c.manifest, c.path));
   RestoredCheckpoint out;
   out.step = step;
@@ -93,19 +89,13 @@ Result<RestoredCheckpoint> ManagerImpl::Restore(std::optional<int64_t> step, Pro
 
 namespace {
 
-// Opens only the shards that hold the named tensors (a restore on many
-// processes must not make each open every process's shards).
+// Only the named tensors (a restore on many processes must not make each
+// open every process's shards).
 template <typename Wanted>
-ShardFilter ShardsHolding(std::span<const Wanted> wanted) {
-  return [wanted](const format::Manifest& m) {
-    std::set<std::string_view> names;
-    for (const Wanted& w : wanted) names.insert(w.name);
-    std::vector<bool> open(m.shards.size(), false);
-    for (const format::ManifestTensor& t : m.tensors) {
-      if (names.count(t.name) != 0) open[t.shard] = true;
-    }
-    return open;
-  };
+TensorFilter Named(std::span<const Wanted> wanted) {
+  auto names = std::make_shared<std::set<std::string_view>>();
+  for (const Wanted& w : wanted) names->insert(w.name);
+  return [names](const format::ManifestTensor& t) { return names->count(t.name) != 0; };
 }
 
 // The tensors of an opened checkpoint by name, for restores that name them.
@@ -131,8 +121,7 @@ class TensorsByName {
 }  // namespace
 
 Task<Status> ManagerImpl::RestoreIntoTask(int64_t step, std::span<const MutableTensorRef> tensors) {
-  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c,
-                      co_await OpenCheckpoint(storage_.get(), StepName(step), ShardsHolding(tensors)));
+  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenStep(step, Named(tensors)));
   const TensorsByName by_name(c.manifest, step, root_);
   std::vector<RangeRead> reads;
   for (const MutableTensorRef& want : tensors) {
@@ -192,8 +181,7 @@ Status CheckSlice(const TensorSlice& want, uint64_t bytes) {
 }  // namespace
 
 Task<Status> ManagerImpl::RestoreSlicesTask(int64_t step, std::span<const TensorSlice> slices) {
-  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c,
-                      co_await OpenCheckpoint(storage_.get(), StepName(step), ShardsHolding(slices)));
+  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenStep(step, Named(slices)));
   const TensorsByName by_name(c.manifest, step, root_);
   std::vector<RangeRead> reads;
   for (const TensorSlice& want : slices) {
@@ -287,11 +275,9 @@ Result<CheckpointInfo> ManagerImpl::Info(int64_t step) {
 
 Task<Result<VerifyReport>> ManagerImpl::VerifyTask(int64_t step, const ProgressFn* progress) {
   runtime::ScopedSpan span(tracer_.get(), runtime::Track::kRead, "verify " + std::to_string(step));
-  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenCheckpoint(storage_.get(), StepName(step)));
-  if (c.manifest.step != step) {
-    co_return CorruptionError(c.path + "/manifest.json: says step " + std::to_string(c.manifest.step) +
-                              ", but the directory is step " + std::to_string(step));
-  }
+  // A host's part of a multi-host step (two tiers) is verified as this host
+  // holds it: the other processes' files are on their hosts.
+  CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenStep(step, {}, /*held_only=*/true));
   CO_ASSIGN_OR_RETURN(uint64_t bytes, co_await VerifyAll(pool_.get(), &c, progress));
   co_return VerifyReport{step, bytes, c.manifest.tensors.size(), c.manifest.shards.size()};
 }

@@ -1,6 +1,7 @@
 // Incremental saves and the references they create: choosing what a save
 // writes, and retention that keeps every file a kept step refers to.
 #include "base/status_macros.h"
+#include "pipeline/host_part.h"
 #include "pipeline/manager_impl.h"
 
 namespace ckptio::pipeline {
@@ -18,7 +19,7 @@ Task<Status> ManagerImpl::PlanIncremental(SaveJob* job) {
   }
   if (latest && !base) {
     // The first incremental save of this manager over earlier checkpoints.
-    auto read = co_await ReadManifest(*latest);
+    auto read = co_await ReadHeldManifest(*latest);
     if (read.ok()) {
       base = std::make_shared<IncrementalBase>(IncrementalBase{*latest, StepName(*latest), std::move(read).value()});
       std::lock_guard lock(mu_);
@@ -30,6 +31,15 @@ Task<Status> ManagerImpl::PlanIncremental(SaveJob* job) {
   if (base) {
     job->base = base;
     job->reuse = MatchBase(job->plan, job->tensor_crc, job->tensor_hash, base->manifest);
+    // A tensor of the checkpoint never points into a local copy's file (only
+    // this host has it); a local copy may point into either.
+    for (size_t i = 0; i < job->reuse.size(); ++i) {
+      const std::optional<size_t>& r = job->reuse[i];
+      if (r && !job->plan.local_copy[i] &&
+          IsLocalCopyFile(base->manifest.shards[base->manifest.tensors[*r].shard].name)) {
+        job->reuse[i].reset();
+      }
+    }
   } else {
     if (latest) Unpin(*latest);
     job->reuse.assign(job->plan.specs.size(), std::nullopt);
@@ -62,6 +72,9 @@ Task<Status> ManagerImpl::LoadReferences() {
     References refs;
     if (m.ok()) {
       AddReferences(*m, &refs);
+      // A host's local copies may refer to its earlier local copies.
+      auto part = co_await ReadLocalPart(step);
+      if (part.ok()) AddReferences(*part, &refs);
     } else if (m.status().code() != StatusCode::kNotFound && m.status().code() != StatusCode::kCorruption) {
       // Not knowing what a kept step refers to, nothing may be removed.
       co_return std::move(m).status().WithContext("cannot read the manifest of step " + std::to_string(step));
@@ -69,6 +82,21 @@ Task<Status> ManagerImpl::LoadReferences() {
     refs_[step] = std::move(refs);
   }
   co_return Status::Ok();
+}
+
+Task<Result<format::Manifest>> ManagerImpl::ReadLocalPart(int64_t step) {
+  if (!per_host()) co_return NotFoundError("no local part outside a multi-host job with two tiers");
+  const std::string path = root_ + "/" + StepName(step) + "/" + kLocalPartFile;
+  CO_ASSIGN_OR_RETURN(std::string bytes,
+                      co_await storage_->ReadSmallFile(StepName(step), kLocalPartFile, format::kMaxManifestBytes));
+  co_return format::ParseManifest(path, bytes, format::Chunks::kPartial);
+}
+
+Task<Result<format::Manifest>> ManagerImpl::ReadHeldManifest(int64_t step) {
+  CO_ASSIGN_OR_RETURN(format::Manifest m, co_await ReadManifest(step));
+  if (!multihost()) co_return std::move(m);
+  auto part = co_await ReadLocalPart(step);
+  co_return HeldPart(m, part.ok() ? &*part : nullptr, options_.multihost.process_index);
 }
 
 References ManagerImpl::Referenced() const {

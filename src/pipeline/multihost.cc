@@ -20,6 +20,7 @@
 #include "runtime/when_all.h"
 #include "format/manifest.h"
 #include "pipeline/fragments.h"
+#include "pipeline/host_part.h"
 #include "pipeline/manager_impl.h"
 #include "runtime/io_ops.h"
 
@@ -54,17 +55,91 @@ Task<Status> ManagerImpl::BarrierWait(std::string name) {
   co_return co_await barrier_thread_->Run(wait);
 }
 
+Task<Result<std::vector<std::string>>> ManagerImpl::Exchange(std::string name, std::string bytes) {
+  if (barrier_ == nullptr) {
+    co_return UnimplementedError("all-gather \"" + name + "\": the storage-only barrier cannot exchange bytes");
+  }
+  runtime::ScopedSpan span(tracer_.get(), runtime::Track::kCommit, "all-gather " + name);
+  auto gather = [barrier = barrier_, name, bytes = std::move(bytes), timeout = options_.multihost.timeout] {
+    return barrier->AllGather(name, bytes, timeout);
+  };
+  Result<std::vector<std::string>> all = co_await barrier_thread_->Run(gather);
+  if (all.ok() && all->size() != static_cast<size_t>(options_.multihost.process_count)) {
+    co_return InternalError("all-gather \"" + name + "\" returned " + std::to_string(all->size()) +
+                            " parts for " + std::to_string(options_.multihost.process_count) + " processes");
+  }
+  co_return all;
+}
+
+Task<Status> ManagerImpl::AgreeOnLocalSteps(Status opened) {
+  const Options::MultiHost& mh = options_.multihost;
+  Json mine = {{"remote", options_.tiers.remote}, {"count", mh.process_count}};
+  if (opened.ok()) {
+    mine["steps"] = AllSteps();
+  } else {
+    mine["error"] = opened.message();
+  }
+  Task<Result<std::vector<std::string>>> exchanging = Exchange("open", mine.dump());
+  Result<std::vector<std::string>> all = co_await std::move(exchanging);
+  if (!all.ok()) {
+    if (all.status().code() == StatusCode::kUnimplemented) {
+      co_return InvalidArgumentError(
+          "two tiers in a multi-host job (tiers.remote with multihost.process_count " +
+          std::to_string(mh.process_count) +
+          "): the processes swap their parts of each manifest, and the barrier given to Open cannot exchange "
+          "bytes (" + all.status().message() + "). Use MpiBarrier(), jax.distributed (Python), or a "
+          "CallbackBarrier with an all-gather function");
+    }
+    co_return std::move(all).status().WithContext("cannot open " + root_ + " as the local tier of process " +
+                                                  std::to_string(mh.process_index));
+  }
+  CO_TRY(opened);
+  std::set<int64_t> agreed(committed_.begin(), committed_.end());
+  for (size_t p = 0; p < all->size(); ++p) {
+    const std::string who = "process " + std::to_string(p);
+    Json theirs = Json::parse((*all)[p], nullptr, /*allow_exceptions=*/false);
+    if (!theirs.is_object()) co_return InternalError(who + " sent an unreadable answer to \"open\"");
+    if (theirs.contains("error")) {
+      co_return UnavailableError(who + " cannot open its local tier: " + theirs["error"].get<std::string>());
+    }
+    if (theirs.value("remote", std::string()) != options_.tiers.remote || theirs.value("count", 0) != mh.process_count) {
+      co_return InvalidArgumentError(who + " opened with tiers.remote \"" + theirs.value("remote", std::string()) +
+                                     "\" and process_count " + std::to_string(theirs.value("count", 0)) +
+                                     "; this process (" + std::to_string(mh.process_index) + ") with \"" +
+                                     options_.tiers.remote + "\" and " + std::to_string(mh.process_count) +
+                                     ": every process must name the same remote tier");
+    }
+    std::set<int64_t> steps;
+    for (const Json& step : theirs.value("steps", Json::array())) {
+      if (step.is_number_integer()) steps.insert(step.get<int64_t>());
+    }
+    std::erase_if(agreed, [&](int64_t step) { return steps.count(step) == 0; });
+  }
+  std::lock_guard lock(mu_);
+  agreed_ = std::move(agreed);
+  co_return Status::Ok();
+}
+
 Task<Status> ManagerImpl::WriteFragment(SaveJob* job, storage::CheckpointWriter* writer, const Status& written) {
   format::Manifest part;
-  if (written.ok()) part = MakeManifest(job->plan, job->tensor_crc, job->shard_crc, nlohmann::json::object());
+  Status s = written;
+  if (s.ok()) {
+    Result<format::Manifest> built = BuildManifest(job, format::Chunks::kPartial);
+    if (built.ok()) {
+      part = std::move(built).value();
+    } else {
+      s = built.status();
+    }
+  }
   std::string fragment = MakeFragment(std::move(part), job->plan.step, options_.multihost.process_index,
-                                      options_.multihost.process_count, written);
-  co_return co_await writer->WriteSmall(FragmentName(options_.multihost.process_index), std::move(fragment));
+                                      options_.multihost.process_count, s);
+  Status wrote = co_await writer->WriteSmall(FragmentName(options_.multihost.process_index), std::move(fragment));
+  co_return s.ok() ? wrote : s;
 }
 
 Task<Result<format::Manifest>> ManagerImpl::GatherFragments(SaveJob* job, storage::CheckpointWriter* writer) {
   GatherSpec spec{options_.multihost.process_count, job->plan.step, StepName(job->plan.step),
-                  options_.multihost.timeout, /*poll=*/barrier_ == nullptr, job->metadata};
+                  options_.multihost.timeout, /*poll=*/barrier_ == nullptr, job->metadata, {}, {}};
   co_return co_await pipeline::GatherFragments(loop(), writer, std::move(spec));
 }
 
@@ -109,6 +184,9 @@ Task<Status> ManagerImpl::PersistShared(SaveJob* job) {
     auto merged = co_await GatherFragments(job, writer.get());
     if (merged.ok()) {
       runtime::ScopedSpan span(tracer_.get(), runtime::Track::kCommit, "commit " + steps);
+      // Process 0 prunes the root: it must know every process's references.
+      job->references.clear();
+      AddReferences(*merged, &job->references);
       committed = co_await writer->Commit(format::SerializeManifest(*merged));
     } else {
       committed = merged.status();
@@ -131,6 +209,103 @@ Task<Status> ManagerImpl::PersistShared(SaveJob* job) {
     aborted.IgnoreError();
     co_return s.ok() ? committed : s;
   }
+  co_return Status::Ok();
+}
+
+namespace {
+
+// The manifest every host commits: the processes' parts, swapped, merged in
+// process order (process 0's user metadata and creation time), so that
+// every host commits the same bytes.
+Result<format::Manifest> MergeSwapped(const std::vector<std::string>& parts, int64_t step,
+                                      const std::string& step_name, std::vector<int64_t>* skips) {
+  std::vector<format::Manifest> fragments;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    ASSIGN_OR_RETURN(format::Manifest f,
+                     format::ParseManifest(step_name + "/" + FragmentName(static_cast<int>(p)) + " (process " +
+                                               std::to_string(p) + "'s part, swapped)",
+                                           parts[p], format::Chunks::kPartial));
+    if (f.step != step) {
+      return InternalError("process " + std::to_string(p) + " sent its part of step " + std::to_string(f.step) +
+                           " while this process commits step " + std::to_string(step) +
+                           ": the processes do not save the same steps in the same order");
+    }
+    fragments.push_back(std::move(f));
+  }
+  nlohmann::json metadata = nlohmann::json::object();
+  if (!fragments.empty()) {
+    metadata = fragments[0].metadata.value("user", nlohmann::json::object());
+    for (const Json& skip : fragments[0].metadata.value("remote_skip", Json::array())) {
+      if (skip.is_number_integer()) skips->push_back(skip.get<int64_t>());
+    }
+  }
+  return MergeFragments(fragments, step, step_name, std::move(metadata));
+}
+
+}  // namespace
+
+Task<Status> ManagerImpl::PersistPerHost(SaveJob* job) {
+  const int64_t step = job->plan.step;
+  const std::string name = StepName(step);
+  const Options::MultiHost& mh = options_.multihost;
+  // Every failure below still reaches the exchange, so that the other hosts
+  // hear of it at once instead of at their timeout.
+  Status s = co_await CheckNotReferenced(step);
+  std::unique_ptr<storage::CheckpointWriter> writer;
+  if (s.ok()) {
+    auto started = co_await storage_->StartCheckpoint(name, options_.overwrite);
+    if (started.ok()) {
+      writer = std::move(started).value();
+    } else {
+      s = started.status();
+    }
+  }
+  if (s.ok()) s = co_await WriteShards(job, writer.get());
+  ReleaseStaging(job);
+  format::Manifest held;  // this process's files and its local copies
+  if (s.ok()) {
+    Result<format::Manifest> built = BuildManifest(job, format::Chunks::kPartial);
+    if (built.ok()) {
+      held = std::move(built).value();
+    } else {
+      s = built.status();
+    }
+  }
+  if (job->previous) {
+    co_await job->previous->ended.Wait();  // commits (and exchanges) happen in admission order
+    job->previous.reset();
+  }
+  format::Manifest own = FilterShards(held, [](const format::ManifestShard& f) { return !IsLocalCopyFile(f.name); });
+  Json extra = {{"user", job->metadata}};
+  if (leader()) extra["remote_skip"] = PlanReplicationSkips(step);
+  std::string part = MakeFragment(std::move(own), step, mh.process_index, mh.process_count, s, std::move(extra));
+  Task<Result<std::vector<std::string>>> exchanging = Exchange("written/" + std::to_string(step), std::move(part));
+  Result<std::vector<std::string>> parts = co_await std::move(exchanging);
+  std::vector<int64_t> skips;  // process 0's decision: copies to the remote tier that do not happen
+  Result<format::Manifest> merged = parts.ok() ? MergeSwapped(*parts, step, name, &skips) : parts.status();
+  ApplyReplicationSkips(skips);
+  if (s.ok()) s = merged.status();
+  if (s.ok()) {
+    // The local copies' index first: the commit makes both visible at once.
+    format::Manifest local =
+        FilterShards(held, [](const format::ManifestShard& f) { return IsLocalCopyFile(f.name); });
+    local.metadata = {{"process_index", mh.process_index}, {"process_count", mh.process_count}};
+    s = co_await writer->WriteSmall(kLocalPartFile, format::SerializeManifest(local));
+  }
+  if (s.ok()) {
+    runtime::ScopedSpan span(tracer_.get(), runtime::Track::kCommit, "commit " + std::to_string(step));
+    s = co_await writer->Commit(format::SerializeManifest(*merged));
+  }
+  if (!s.ok()) {
+    if (writer) {
+      Status aborted = co_await writer->Abort();
+      aborted.IgnoreError();
+    }
+    co_return s;
+  }
+  AddReferences(*merged, &job->references);
+  std::lock_guard lock(mu_);
+  agreed_.insert(step);
   co_return Status::Ok();
 }
 

@@ -67,12 +67,8 @@ std::future<Status> ManagerImpl::StartWindow(OpenedCheckpoint* ckpt, WindowRead*
 
 Status ManagerImpl::ReadInOrderPinned(int64_t step, const OrderedReader& reader, uint64_t window) {
   window = std::clamp<uint64_t>(window, uint64_t{1} << 20, uint64_t{1} << 30);
-  ASSIGN_OR_RETURN(OpenedCheckpoint c, loop().BlockOn(OpenCheckpoint(storage_.get(), StepName(step))));
+  ASSIGN_OR_RETURN(OpenedCheckpoint c, loop().BlockOn(OpenStep(step)));
   const format::Manifest& m = c.manifest;
-  if (m.step != step) {
-    return CorruptionError(c.path + "/manifest.json: says step " + std::to_string(m.step) +
-                           ", but the directory is step " + std::to_string(step));
-  }
   std::vector<TensorInfo> tensors;
   tensors.reserve(m.tensors.size());
   for (const format::ManifestTensor& t : m.tensors) tensors.push_back({t.name, t.dtype, t.shape, t.bytes, t.chunk});

@@ -89,6 +89,7 @@ Task<void> PieceLane(PieceWork* w) {
     };
     (*w->crcs)[i] = co_await w->pool->Run(crc);
     w->done += p.len;
+    if (w->ckpt->bytes_read != nullptr) w->ckpt->bytes_read->fetch_add(p.len, std::memory_order_relaxed);
     if (w->progress != nullptr && *w->progress) (*w->progress)(w->done, w->total);
   }
 }
@@ -140,7 +141,7 @@ std::vector<uint32_t> TensorCrcs(const OpenedCheckpoint& c, const std::vector<Pi
   return out;
 }
 
-Task<Status> OpenShard(storage::Storage* storage, OpenedCheckpoint* c, size_t i) {
+Task<Status> OpenShard(storage::Storage* storage, OpenedCheckpoint* c, size_t i, bool subset = false) {
   const format::ManifestShard& ms = c->manifest.shards[i];
   const std::string path = ShardPath(*c, i);
   auto opened = co_await storage->OpenFile(ms.checkpoint.empty() ? c->name : ms.checkpoint, ms.name);
@@ -163,7 +164,7 @@ Task<Status> OpenShard(storage::Storage* storage, OpenedCheckpoint* c, size_t i)
   CO_TRY(co_await f->ReadAt(8, json.data(), n));
   auto bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(json.data()), json.size());
   CO_ASSIGN_OR_RETURN(format::SafetensorsHeader header, format::ParseSafetensorsHeader(path, bytes, f->size()));
-  co_return format::CheckShardMatchesManifest(c->manifest, i, header, f->size());
+  co_return format::CheckShardMatchesManifest(c->manifest, i, header, f->size(), subset);
 }
 
 }  // namespace
@@ -184,6 +185,17 @@ Task<Result<OpenedCheckpoint>> OpenCheckpoint(storage::Storage* storage, std::st
   std::vector<Status> opened = co_await WhenAll(std::move(opens));
   for (Status& s : opened) CO_TRY(s);
   co_return std::move(c);
+}
+
+Task<Status> OpenShards(OpenedCheckpoint* c, std::vector<storage::Storage*> sources, bool subset) {
+  c->shards.resize(c->manifest.shards.size());
+  std::vector<Task<Status>> opens;
+  for (size_t i = 0; i < c->shards.size() && i < sources.size(); ++i) {
+    if (sources[i] != nullptr) opens.push_back(OpenShard(sources[i], c, i, subset));
+  }
+  std::vector<Status> opened = co_await WhenAll(std::move(opens));
+  for (Status& s : opened) CO_TRY(s);
+  co_return Status::Ok();
 }
 
 Task<Status> ReadTensors(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, std::vector<size_t> tensors,

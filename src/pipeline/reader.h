@@ -3,6 +3,7 @@
 // before any tensor byte is touched, every tensor checked against its CRC32C.
 // Runs on the loop thread; CRC work goes to the pool.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -24,16 +25,28 @@ struct OpenedCheckpoint {
   std::string path;  // root + "/" + name, for messages
   format::Manifest manifest;
   std::vector<std::unique_ptr<storage::ReadableFile>> shards;  // by manifest shard index
+  // If set, the bytes of tensor data read are added here.
+  std::atomic<uint64_t>* bytes_read = nullptr;
 };
 
 // Which shards to open (by manifest shard index), decided once the manifest
 // is read; empty: all of them.
 using ShardFilter = std::function<std::vector<bool>(const format::Manifest&)>;
 
+// Which tensors a read needs (the shards holding them are opened); empty:
+// all of them.
+using TensorFilter = std::function<bool(const format::ManifestTensor&)>;
+
 // Reads and validates the manifest, opens the shards (every one, or those
 // `filter` picks; the others stay null), and checks each opened shard's size
 // and safetensors header against the manifest.
 Task<Result<OpenedCheckpoint>> OpenCheckpoint(storage::Storage* storage, std::string name, ShardFilter filter = {});
+
+// Opens shard i of `c` (whose manifest is read and validated) from
+// sources[i], for each i with a non-null source, and checks it against the
+// manifest as OpenCheckpoint does. With `subset`, a file may hold tensors the
+// manifest does not place in it (a read that takes them from elsewhere).
+Task<Status> OpenShards(OpenedCheckpoint* c, std::vector<storage::Storage*> sources, bool subset);
 
 // Reads tensors (indices into manifest.tensors) into dsts[i], which must hold
 // each tensor's bytes, and checks each tensor's CRC32C.

@@ -2,11 +2,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <map>
 
 #include "base/align.h"
 #include "base/status_macros.h"
 #include "format/crc32c.h"
+#include "pipeline/host_part.h"
 #include "pipeline/staging.h"
 
 namespace ckptio::pipeline {
@@ -55,14 +57,14 @@ Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, cons
     plan.specs.push_back({std::move(name), t.dtype, t.shape, *bytes});
     plan.sources.push_back(static_cast<const char*>(t.data));
     plan.chunks.push_back(t.chunk);
+    plan.local_copy.push_back(t.local_copy);
+    if (t.local_copy && (options.multihost.process_count <= 1 || options.tiers.remote.empty())) {
+      return InvalidArgumentError("tensor \"" + plan.specs.back().name +
+                                  "\": local_copy is for multi-host saves with two tiers (multihost.process_count "
+                                  "> 1 and tiers.remote set)");
+    }
   }
   if (chunked) RETURN_IF_ERROR(CheckChunksToSave(plan, options));
-  std::string shard_prefix = "shard-";
-  if (options.multihost.process_count > 1) {
-    char p[32];
-    std::snprintf(p, sizeof p, "shard-p%05d-", options.multihost.process_index);
-    shard_prefix = p;
-  }
   std::vector<uint32_t> residue;
   format::MemoryResidues residues;
   if (plan.borrow && address_modulus != 0) {
@@ -84,8 +86,7 @@ Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, cons
     }
     residues = {residue, address_modulus};
   }
-  ASSIGN_OR_RETURN(plan.shards,
-                   format::PlanShards(plan.specs, options.shard_size, StagingPool::kAlign, shard_prefix, residues));
+  ASSIGN_OR_RETURN(plan.shards, PlanShardFiles(plan.specs, plan.local_copy, options, residues));
   uint64_t offset = 0;
   for (const format::PlannedShard& s : plan.shards) {
     plan.prefix_crc.push_back(format::Crc32c(s.prefix.data(), s.prefix.size()));
@@ -95,6 +96,37 @@ Result<SavePlan> PlanSave(int64_t step, std::span<const TensorRef> tensors, cons
   }
   plan.staging_bytes = offset;
   return plan;
+}
+
+Result<std::vector<format::PlannedShard>> PlanShardFiles(std::span<const format::TensorSpec> specs,
+                                                         const std::vector<bool>& local_copy, const Options& options,
+                                                         format::MemoryResidues residues) {
+  const int process = options.multihost.process_index, count = options.multihost.process_count;
+  if (std::find(local_copy.begin(), local_copy.end(), true) == local_copy.end()) {
+    return format::PlanShards(specs, options.shard_size, StagingPool::kAlign, ShardFilePrefix(process, count, false),
+                              residues);
+  }
+  std::vector<format::PlannedShard> out;
+  for (const bool copies : {false, true}) {
+    std::vector<size_t> index;  // group spec -> spec
+    std::vector<format::TensorSpec> group;
+    std::vector<uint32_t> residue;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (local_copy[i] != copies) continue;
+      index.push_back(i);
+      group.push_back(specs[i]);
+      if (residues.modulus != 0) residue.push_back(residues.residue[i]);
+    }
+    const format::MemoryResidues group_residues{residue, residues.modulus};
+    ASSIGN_OR_RETURN(std::vector<format::PlannedShard> shards,
+                     format::PlanShards(group, options.shard_size, StagingPool::kAlign,
+                                        ShardFilePrefix(process, count, copies), group_residues));
+    for (format::PlannedShard& shard : shards) {
+      for (format::PlannedTensor& t : shard.tensors) t.index = index[t.index];
+      out.push_back(std::move(shard));
+    }
+  }
+  return out;
 }
 
 std::vector<Chunk> MakeChunks(const SavePlan& plan, char* region, size_t piece) {

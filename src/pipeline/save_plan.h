@@ -21,6 +21,7 @@ struct SavePlan {
   std::vector<format::TensorSpec> specs;  // in the caller's order
   std::vector<const char*> sources;       // the caller's buffers, by spec index
   std::vector<ChunkOf> chunks;            // by spec index: where a chunk sits in its array
+  std::vector<bool> local_copy;           // by spec index: TensorRef::local_copy
   std::vector<format::PlannedShard> shards;
   std::vector<uint32_t> prefix_crc;       // CRC32C of each shard's prefix
   // Copy mode: each shard's whole file image sits in staging at
@@ -66,6 +67,13 @@ std::vector<uint32_t> ShardCrcs(const SavePlan& plan, const std::vector<uint32_t
 // borrow mode, into the caller's buffers). With a null region (borrow mode
 // only), prefixes point into plan.shards[i].prefix.
 std::vector<storage::FileImage> MakeImages(const SavePlan& plan, char* region);
+
+// The shards of `specs` (format::PlanShards, named by ShardFilePrefix): the
+// local copies (by spec index) in shards of their own, after the others.
+Result<std::vector<format::PlannedShard>> PlanShardFiles(std::span<const format::TensorSpec> specs,
+                                                         const std::vector<bool>& local_copy,
+                                                         const Options& options,
+                                                         format::MemoryResidues residues = {});
 
 // `tensor_hash`, if given: each tensor's content hash, recorded in the manifest.
 format::Manifest MakeManifest(const SavePlan& plan, const std::vector<uint32_t>& tensor_crc,

@@ -9,6 +9,8 @@
 #include "base/status_macros.h"
 #include "base/unique_fd.h"
 #include "format/crc32c.h"
+#include "pipeline/fragments.h"
+#include "pipeline/host_part.h"
 #include "pipeline/manager_impl.h"
 #include "pipeline/replication_journal.h"
 #include "runtime/when_all.h"
@@ -95,7 +97,6 @@ Status ManagerImpl::OpenRemoteTier(bool read_only) {
     return InvalidArgumentError("tiers.remote is set, but the root " + root_ +
                                 " is not a local directory: the root is the local tier");
   }
-  if (multihost()) return InvalidArgumentError("tiers are not supported in multi-host saves yet");
   auto parsed = storage::ParseRootUrl(options_.tiers.remote);
   if (!parsed.ok()) return parsed.status().WithContext("tiers.remote");
   const storage::RootUrl& remote_url = *parsed;
@@ -109,14 +110,20 @@ Status ManagerImpl::OpenRemoteTier(bool read_only) {
   remote.staging_memory = 4096;  // the remote tier copies files, never snapshots
   remote.preemption.on_sigterm = false;
   remote.trace.path.clear();
+  // A multi-host job's processes commit the remote tier's steps without
+  // their barrier: each copies at its own pace and leaves its fragment there
+  // once its files are sent; process 0 polls for the others' (multihost.cc).
+  remote.multihost.barrier = "storage";
   auto opened = Open(options_.tiers.remote, std::move(remote), read_only, nullptr);
   if (!opened.ok()) return opened.status().WithContext("cannot open the remote tier");
   remote_ = std::move(opened).value();
+  remote_files_ = MakeRemoteFiles(remote_->storage_.get(), &remote_->loop(), &bytes_read_remote_);
   if (read_only) return Status::Ok();
   // Catch up: local steps newer than the remote tier's newest (a restart
-  // after a crash or a shutdown with copies pending).
+  // after a crash or a shutdown with copies pending). On hosts of their own,
+  // the steps every host holds: the others can never be completed there.
   const std::optional<int64_t> newest_remote = remote_->LatestStep();
-  for (int64_t step : AllSteps()) {
+  for (int64_t step : per_host() ? AgreedSteps() : AllSteps()) {
     if (step % options_.tiers.remote_every == 0 && (!newest_remote || step > *newest_remote)) EnqueueReplication(step);
   }
   // A new machine: the remote tier's newest step is copied here too.
@@ -138,29 +145,70 @@ void ManagerImpl::EnqueueReplication(int64_t step) {
     // (the copies never catch up with the saves; counted, not silent). A
     // remote tier that keeps every step (remote_keep 0) gets every step, and
     // a step it keeps forever (remote_keep_every) is never dropped.
-    const size_t bound = static_cast<size_t>(options_.tiers.remote_keep) + 1;
-    const int64_t forever = options_.tiers.remote_keep_every;
-    if (options_.tiers.remote_keep > 0 && replication_queue_.size() > bound) {
-      auto oldest = std::find_if(replication_queue_.begin(), replication_queue_.end(),
-                                 [forever](int64_t s) { return forever <= 0 || s % forever != 0; });
-      if (oldest != replication_queue_.end()) {
-        dropped = *oldest;
-        replication_queue_.erase(oldest);
-        ++stats_.replications_skipped;
-      }
-    }
+    // On hosts of their own, process 0 decided before the step was queued
+    // (PlanReplicationSkips), for every host alike.
+    if (!per_host()) dropped = DropOldestQueued(replication_queue_.size());
+  }
+  if (dropped) SkipReplication(*dropped);
+  replication_cv_.notify_all();
+}
+
+std::optional<int64_t> ManagerImpl::DropOldestQueued(size_t queued) {
+  const size_t bound = static_cast<size_t>(options_.tiers.remote_keep) + 1;
+  const int64_t forever = options_.tiers.remote_keep_every;
+  if (options_.tiers.remote_keep <= 0 || queued <= bound) return std::nullopt;
+  auto oldest = std::find_if(replication_queue_.begin(), replication_queue_.end(),
+                             [forever](int64_t s) { return forever <= 0 || s % forever != 0; });
+  if (oldest == replication_queue_.end()) return std::nullopt;
+  const int64_t step = *oldest;
+  replication_queue_.erase(oldest);
+  ++stats_.replications_skipped;
+  return step;
+}
+
+void ManagerImpl::SkipReplication(int64_t step) {
+  Unpin(step);
+  if (!warned_replication_skipped_.exchange(true)) {
+    std::fprintf(stderr,
+                 "ckptio: warning: step %lld is not copied to the remote tier %s: newer steps wait (the copies "
+                 "are slower than the saves; stats()[\"replications_skipped\"] counts every such step, this "
+                 "warning is printed once)\n",
+                 static_cast<long long>(step), remote_->root().c_str());
+  }
+}
+
+nlohmann::json ManagerImpl::PlanReplicationSkips(int64_t step) {
+  nlohmann::json out = nlohmann::json::array();
+  if (!remote_ || step % options_.tiers.remote_every != 0) return out;
+  std::optional<int64_t> dropped;
+  {
+    std::lock_guard lock(mu_);
+    // Off this queue at once: the copy cannot start it meanwhile.
+    dropped = DropOldestQueued(replication_queue_.size() + 1);
   }
   if (dropped) {
-    Unpin(*dropped);
-    if (!warned_replication_skipped_.exchange(true)) {
-      std::fprintf(stderr,
-                   "ckptio: warning: step %lld is not copied to the remote tier %s: newer steps wait (the copies "
-                   "are slower than the saves; stats()[\"replications_skipped\"] counts every such step, this "
-                   "warning is printed once)\n",
-                   static_cast<long long>(*dropped), remote_->root().c_str());
+    SkipReplication(*dropped);
+    out.push_back(*dropped);
+  }
+  return out;
+}
+
+void ManagerImpl::ApplyReplicationSkips(const std::vector<int64_t>& steps) {
+  if (!remote_ || leader()) return;  // process 0 took them off its queue when it decided
+  std::vector<int64_t> dropped;
+  {
+    std::lock_guard lock(mu_);
+    for (int64_t step : steps) {
+      skipped_remote_.insert(step);
+      awaiting_remote_commit_.erase(step);
+      auto it = std::find(replication_queue_.begin(), replication_queue_.end(), step);
+      if (it == replication_queue_.end()) continue;
+      replication_queue_.erase(it);
+      ++stats_.replications_skipped;
+      dropped.push_back(step);
     }
   }
-  replication_cv_.notify_all();
+  for (int64_t step : dropped) SkipReplication(step);
 }
 
 void ManagerImpl::ReplicatorMain() {
@@ -195,10 +243,18 @@ void ManagerImpl::ReplicatorMain() {
       replication_cv_.notify_all();
       continue;
     }
-    // The manifest as committed here, read through this tier's storage.
+    // The manifest as committed here, read through this tier's storage (a
+    // failure to read it is still reported to the other hosts).
     Result<std::string> manifest = loop().BlockOn(ReadManifestBytes(step));
-    Status s = manifest.ok() ? remote_->Replicate(root_, step, std::move(manifest).value()) : manifest.status();
+    Status s = remote_->Replicate(root_, step, std::move(manifest));
     Unpin(step);
+    if (s.ok() && per_host() && !leader()) {
+      // Process 0 commits it once every host's part is there: waited for
+      // by WaitUntilReplicated, not here (the next copy starts meanwhile).
+      std::lock_guard lock(mu_);
+      if (skipped_remote_.count(step) == 0) awaiting_remote_commit_.insert(step);
+      skipped_remote_.erase(skipped_remote_.begin(), skipped_remote_.upper_bound(step));
+    }
     // The prunes since this step committed spared it: retention applies now.
     Status pruned = loop().BlockOn(PruneNow());
     if (!pruned.ok()) {
@@ -236,13 +292,35 @@ void ManagerImpl::StopReplicator() {
 
 Status ManagerImpl::WaitUntilReplicated() {
   if (!remote_) return Status::Ok();
-  std::unique_lock lock(mu_);
-  replication_cv_.wait(lock, [this] { return replication_queue_.empty() && !replicating_ && !seed_step_; });
-  return JoinFailures(std::exchange(replication_errors_, {}), "copies to the remote tier");
+  std::vector<Status> errors;
+  std::set<int64_t> awaiting;
+  {
+    std::unique_lock lock(mu_);
+    replication_cv_.wait(lock, [this] { return replication_queue_.empty() && !replicating_ && !seed_step_; });
+    errors = std::exchange(replication_errors_, {});
+    awaiting = awaiting_remote_commit_;
+  }
+  // Another host's copies: this host's parts are sent; each counts once
+  // process 0 has committed its step there.
+  for (int64_t step : awaiting) {
+    Status committed = remote_->loop().BlockOn(remote_->AwaitCommit(step));
+    if (committed.ok()) {
+      std::lock_guard lock(mu_);
+      awaiting_remote_commit_.erase(step);
+    } else {
+      errors.push_back(std::move(committed).WithContext("step " + std::to_string(step) + " in the remote tier " +
+                                                        remote_->root() + " (this host's part is there)"));
+    }
+  }
+  if (!awaiting.empty()) {
+    Status listed = remote_->RefreshNow();
+    listed.IgnoreError();  // the copies are what this reports on
+  }
+  return JoinFailures(std::move(errors), "copies to the remote tier");
 }
 
 std::vector<int64_t> ManagerImpl::AllStepsAllTiers() const {
-  std::vector<int64_t> all = AllSteps();
+  std::vector<int64_t> all = per_host() ? AgreedSteps() : AllSteps();
   if (remote_) {
     std::vector<int64_t> remote = remote_->AllSteps();
     all.insert(all.end(), remote.begin(), remote.end());
@@ -252,14 +330,31 @@ std::vector<int64_t> ManagerImpl::AllStepsAllTiers() const {
   return all;
 }
 
-Status ManagerImpl::Replicate(const std::string& source, int64_t step, std::string manifest) {
+Status ManagerImpl::Replicate(const std::string& source, int64_t step, Result<std::string> manifest) {
   return loop().BlockOn(ReplicateTask(source, step, std::move(manifest)));
 }
 
-Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::string manifest_bytes) {
+Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, Result<std::string> read) {
   const std::string name = StepName(step);
   const std::string dir = source + "/" + name;
-  CO_ASSIGN_OR_RETURN(format::Manifest m, format::ParseManifest(dir + "/manifest.json", manifest_bytes));
+  Result<format::Manifest> parsed =
+      read.ok() ? format::ParseManifest(dir + "/manifest.json", *read) : Result<format::Manifest>(read.status());
+  if (!parsed.ok()) {
+    // A host that cannot copy its part says so where process 0 looks.
+    if (multihost()) {
+      Task<Status> told = ReportFailedPart(step, parsed.status());
+      Status reported = co_await std::move(told);
+      reported.IgnoreError();
+    }
+    co_return parsed.status();
+  }
+  format::Manifest whole = std::move(parsed).value();
+  // A process of a multi-host job sends its own files (its own part).
+  const int index = options_.multihost.process_index;
+  format::Manifest m = !multihost() ? whole : FilterShards(whole, [index](const format::ManifestShard& f) {
+    return FileOwner(f.name) == index;
+  });
+  std::string manifest_bytes = multihost() ? std::string() : std::move(read).value();
   // What to send: this step's files, and the files of earlier steps it uses
   // that this tier lacks (sent as files of this step, under a name of their
   // own). A file of an earlier step this tier has stays referenced.
@@ -301,11 +396,12 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::s
       return journal.Record(file, bytes, crc, session);
     };
   }
-  if (renamed) {
+  if (renamed && !multihost()) {
     CO_ASSIGN_OR_RETURN(manifest_bytes, Reserialize(&m, name + "/manifest.json (remote copy)"));
   }
+  const auto started = Clock::now();
   CO_ASSIGN_OR_RETURN(std::unique_ptr<storage::CheckpointWriter> writer,
-                      co_await storage_->StartCheckpoint(name, /*replace=*/false));
+                      co_await storage_->StartCheckpoint(name, /*replace=*/false, /*shared=*/multihost()));
   std::vector<Task<Status>> writes;
   for (const storage::FileImage& image : images) writes.push_back(writer->WriteFile(&image));
   std::vector<Status> written = co_await WhenAll(std::move(writes));
@@ -315,6 +411,18 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, std::s
   }
   uint64_t bytes = 0;
   for (const storage::FileImage& image : images) bytes += image.size;
+  if (multihost()) {
+    Task<Status> committing = CommitParts(writer.get(), std::move(s), whole, std::move(m), bytes, Clock::now() - started);
+    s = co_await std::move(committing);
+    // A part sent stays recorded until process 0 commits the step: a copy
+    // that has to start again (process 0 failed, or this one was killed)
+    // then finds its files complete at the server and sends nothing.
+    if (!s.ok() || leader()) {
+      Status forgotten = journal.Clear();
+      forgotten.IgnoreError();
+    }
+    co_return s;
+  }
   Task<Status> committing = CommitCopy(writer.get(), std::move(s), step, m, std::move(manifest_bytes), bytes,
                                        /*count_as_save=*/true);
   s = co_await std::move(committing);
@@ -344,7 +452,79 @@ Task<Status> ManagerImpl::CommitCopy(storage::CheckpointWriter* writer, Status w
   References refs;
   AddReferences(m, &refs);
   refs_[step] = std::move(refs);
+  if (!owns_root()) co_return Status::Ok();
   co_return co_await PruneNow();
+}
+
+Task<Status> ManagerImpl::ReportFailedPart(int64_t step, Status failure) {
+  CO_ASSIGN_OR_RETURN(std::unique_ptr<storage::CheckpointWriter> writer,
+                      co_await storage_->StartCheckpoint(StepName(step), /*replace=*/false, /*shared=*/true));
+  const Options::MultiHost& mh = options_.multihost;
+  co_return co_await writer->WriteSmall(FragmentName(mh.process_index),
+                                        MakeFragment({}, step, mh.process_index, mh.process_count, failure));
+}
+
+Task<Status> ManagerImpl::CommitParts(storage::CheckpointWriter* writer, Status written, format::Manifest whole,
+                                      format::Manifest own, uint64_t bytes, Clock::duration took) {
+  const Options::MultiHost& mh = options_.multihost;
+  const int64_t step = whole.step;
+  const std::string name = StepName(step);
+  // This host's part, with its files as sent (renamed where adopted), or
+  // its failure: process 0 commits nothing it has not heard of from all.
+  Status s = written;
+  own.format_version = format::FormatVersionFor(own);
+  std::string fragment = MakeFragment(std::move(own), step, mh.process_index, mh.process_count, s);
+  Status told = co_await writer->WriteSmall(FragmentName(mh.process_index), std::move(fragment));
+  if (s.ok()) s = told;
+  if (!leader()) {
+    if (s.ok()) {
+      std::lock_guard lock(mu_);
+      stats_.bytes_committed += bytes;
+    }
+    co_return s;
+  }
+  if (!s.ok()) {
+    Status aborted = co_await writer->Abort();  // shared: its own files only
+    aborted.IgnoreError();
+    co_return s;
+  }
+  // A fragment is this attempt's if it lists the tensors the step's
+  // manifest gives its process (an earlier save of the step had others).
+  auto expected = std::make_shared<std::map<int, std::map<std::string, uint32_t>>>();
+  for (const format::ManifestTensor& t : whole.tensors) {
+    std::optional<int> owner = FileOwner(whole.shards[t.shard].name);
+    if (owner) (*expected)[*owner][t.name] = t.crc32c;
+  }
+  GatherSpec spec;
+  spec.count = mh.process_count;
+  spec.step = step;
+  spec.step_name = name;
+  // The others send as much as this host did: give them twice its time.
+  spec.timeout = std::max(mh.timeout, std::chrono::duration_cast<std::chrono::milliseconds>(took * 2));
+  spec.poll = true;
+  spec.metadata = whole.metadata;
+  spec.accept = [expected](int p, const format::Manifest& f) {
+    if (f.metadata.contains("error")) return true;
+    const std::map<std::string, uint32_t>& want = (*expected)[p];
+    if (f.tensors.size() != want.size()) return false;
+    for (const format::ManifestTensor& t : f.tensors) {
+      auto it = want.find(t.name);
+      if (it == want.end() || it->second != t.crc32c) return false;
+    }
+    return true;
+  };
+  spec.waiting_for = "the copy of step " + std::to_string(step) + " to " + root_;
+  Task<Result<format::Manifest>> gathering = pipeline::GatherFragments(loop(), writer, std::move(spec));
+  Result<format::Manifest> merged = co_await std::move(gathering);
+  if (!merged.ok()) {
+    Status aborted = co_await writer->Abort();
+    aborted.IgnoreError();
+    co_return merged.status();
+  }
+  std::string merged_bytes = format::SerializeManifest(*merged);
+  Task<Status> committing = CommitCopy(writer, Status::Ok(), step, *merged, std::move(merged_bytes), bytes,
+                                       /*count_as_save=*/true);
+  co_return co_await std::move(committing);
 }
 
 // ---- seeding the local tier from the remote one (tiers.seed_local) ----
@@ -407,9 +587,15 @@ Task<Status> ManagerImpl::SeedTask(int64_t step, std::string manifest_bytes) {
   std::vector<bool> copy(m.shards.size(), true);
   uint64_t largest = 0;
   bool renamed = false;
+  const int index = options_.multihost.process_index;
   for (size_t i = 0; i < m.shards.size(); ++i) {
     format::ManifestShard& s = m.shards[i];
     from[i] = {s.checkpoint.empty() ? name : s.checkpoint, s.name};
+    // A host of its own takes back its own part (the others take theirs).
+    if (per_host() && FileOwner(s.name) != index) {
+      copy[i] = false;
+      continue;
+    }
     if (!s.checkpoint.empty()) {
       auto here = co_await storage_->OpenFile(s.checkpoint, s.name);
       if (here.ok() && (*here)->size() == s.bytes) {
@@ -454,6 +640,14 @@ Task<Status> ManagerImpl::SeedTask(int64_t step, std::string manifest_bytes) {
     Task<Status> write = writer->WriteFile(&image);
     s = co_await std::move(write);
     bytes += shard.bytes;
+  }
+  if (s.ok() && per_host()) {  // its part, without local copies
+    format::Manifest part;
+    part.step = step;
+    part.created = m.created;
+    part.writer = m.writer;
+    part.metadata = {{"process_index", index}, {"process_count", options_.multihost.process_count}};
+    s = co_await writer->WriteSmall(kLocalPartFile, format::SerializeManifest(part));
   }
   Task<Status> committing = CommitCopy(writer.get(), std::move(s), step, m, std::move(manifest_bytes), bytes,
                                        /*count_as_save=*/false);

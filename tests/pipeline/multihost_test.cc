@@ -24,6 +24,7 @@
 
 #include "ckptio/barrier.h"
 #include "ckptio/checkpoint_manager.h"
+#include "in_process_barrier.h"
 #include "test_state.h"
 #include "test_util.h"
 
@@ -147,35 +148,7 @@ TEST_CASE("a process that dies mid-save: no manifest, a clear error for the othe
 
 // ---- Chunks of one array from several processes ----------------------------
 
-// Barrier::Wait for processes that are managers in this one process: returns
-// once `count` callers have waited on a name (each name of a save is waited
-// on once per process).
-class InProcessRendezvous {
- public:
-  explicit InProcessRendezvous(int count) : count_(count) {}
-  Status Wait(const std::string& name, std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mu_);
-    ++arrived_[name];
-    cv_.notify_all();
-    if (!cv_.wait_for(lock, timeout, [&] { return arrived_[name] >= count_; })) {
-      return DeadlineExceededError("barrier \"" + name + "\" timed out");
-    }
-    return Status::Ok();
-  }
-
- private:
-  const int count_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, int> arrived_;
-};
-
-std::shared_ptr<Barrier> InProcessBarrier(int count) {
-  auto rendezvous = std::make_shared<InProcessRendezvous>(count);
-  return CallbackBarrier([rendezvous](const std::string& name, std::chrono::milliseconds timeout) {
-    return rendezvous->Wait(name, timeout);
-  });
-}
+using testing::InProcessBarrier;
 
 // The `count` processes of a multi-host save as managers of this process,
 // opened at once (with a barrier, Open waits for every process). A null
