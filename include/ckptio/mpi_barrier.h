@@ -5,8 +5,8 @@
 // completes or the timeout passes, so it never blocks inside MPI; AllGather()
 // does the same with MPI_Iallgather (the sizes) and MPI_Iallgatherv (the
 // bytes). REQUIRES: MPI initialized with MPI_THREAD_MULTIPLE (ckptio calls MPI
-// from a thread of // its own). After a timeout the communicator has a barrier that never
-// completed: the job should stop.
+// from a thread of its own). After a timeout the communicator has a barrier
+// that never completed: the job should stop.
 
 #include <mpi.h>
 
