@@ -70,17 +70,18 @@ def _box(index, shape):
     return tuple(sl.indices(n)[:2] for sl, n in zip(index, shape))
 
 
-# (sharding, shape, process) -> _write_plan's answer
+# (sharding, shape, process, copies) -> _write_plan's answer
 _plans = {}
 
 
-def _write_plan(sharding, shape, process):
+def _write_plan(sharding, shape, process, copies=False):
     """[(start, device, local slices or None), ...]: the chunks of an array of
     this sharding and shape that `process` writes, each read from `device`'s
     shard (whole, or the slices of it). The processes holding a box split it
     along the first axis their number divides; if none does, the first
-    writes it whole."""
-    key = (sharding, shape, process)
+    writes it whole. With `copies`: instead, the chunks other processes write
+    of the boxes `process` holds too (its local copies, two tiers)."""
+    key = (sharding, shape, process, copies)
     plan = _plans.get(key)
     if plan is not None:
         return plan
@@ -93,18 +94,23 @@ def _write_plan(sharding, shape, process):
         if process not in processes:
             continue
         mine = min((d for d in devices if d.process_index == process), key=lambda d: d.id)
-        start, local = [s for s, _ in box], None
-        if len(processes) > 1:
-            extents = [stop - s for s, stop in box]
-            count = len(processes)
+        extents = [stop - s for s, stop in box]
+        count = len(processes)
+        axis = None
+        if count > 1:
             axis = next((a for a, e in enumerate(extents) if e > 0 and e % count == 0), None)
-            if axis is None and process != processes[0]:
+        # The writer of each piece of the box: process k of its holders the
+        # k-th part along `axis`, or the first holder all of it.
+        pieces = [(0, processes[0])] if axis is None else list(enumerate(processes))
+        for k, writer in pieces:
+            if (writer == process) == copies:
                 continue
-            if axis is not None:
-                k, part = processes.index(process), extents[axis] // count
+            start, local = [s for s, _ in box], None
+            if axis is not None and count > 1:
+                part = extents[axis] // count
                 local = tuple(slice(k * part, (k + 1) * part) if a == axis else slice(None) for a in range(len(box)))
                 start[axis] += k * part
-        plan.append((tuple(start), mine, local))
+            plan.append((tuple(start), mine, local))
     if len(_plans) > 4096:
         _plans.clear()
     _plans[key] = plan
@@ -122,13 +128,14 @@ def start_host_copies(leaves):
                 shard.data.copy_to_host_async()
 
 
-def chunks(x, process):
+def chunks(x, process, copies=False):
     """[(start, numpy array), ...]: the chunks of jax.Array `x` this process
-    writes. The arrays are host views of the device buffers (no copy on the
-    CPU) or slices of them."""
+    writes (with `copies`: its local copies of the chunks other processes
+    write of what it holds). The arrays are host views of the device buffers
+    (no copy on the CPU) or slices of them."""
     by_device = {s.device: s for s in x.addressable_shards}
     out = []
-    for start, device, local in _write_plan(x.sharding, tuple(x.shape), process):
+    for start, device, local in _write_plan(x.sharding, tuple(x.shape), process, copies):
         data = np.asarray(by_device[device].data)
         out.append((start, data if local is None else data[local]))
     return out
@@ -445,10 +452,11 @@ def plan_whole(reads, name, dtype=None):
 
 
 def distributed_defaults(root):
-    """(process index, process count, barrier) from jax's distributed runtime
-    when jax.distributed.initialize() made this a multi-process job, else None.
-    The barrier is the coordination service's (the same one
-    multihost_utils.sync_global_devices relies on), without a device computation."""
+    """(process index, process count, barrier, allgather) from jax's
+    distributed runtime when jax.distributed.initialize() made this a
+    multi-process job, else None. The barrier is the coordination service's
+    (the same one multihost_utils.sync_global_devices relies on), without a
+    device computation; allgather goes through its key-value store."""
     if _jax() is None:
         return None
     try:
@@ -461,6 +469,34 @@ def distributed_defaults(root):
         return None
 
     def barrier(name):
-        client.wait_at_barrier(f"ckptio:{root}:{name}", 30 * 60 * 1000)
+        client.wait_at_barrier(f"ckptio:{root}:{name}", _BARRIER_MS)
 
-    return state.process_id, state.num_processes, barrier
+    return state.process_id, state.num_processes, barrier, _KeyValueAllGather(client, state.process_id)
+
+
+_BARRIER_MS = 30 * 60 * 1000
+
+
+class _KeyValueAllGather:
+    """allgather(name, data) over the coordination service's key-value store:
+    each process sets its key under the name's directory, waits at the
+    name's barrier, and reads the directory. Its key of the exchange before
+    is deleted then (every process has read it: each is past that exchange),
+    so the store holds one exchange's keys per process at most. The names
+    ckptio gives are the job's (each host's root is its own: the remote
+    tier's URL qualifies them)."""
+
+    def __init__(self, client, index):
+        self._client, self._index = client, index
+        self._last = None
+
+    def __call__(self, name, data):
+        prefix = f"ckptio:exchange:{name}/"
+        key = f"{prefix}{self._index:06d}"
+        self._client.key_value_set_bytes(key, bytes(data), allow_overwrite=True)
+        self._client.wait_at_barrier(f"ckptio:exchange:{name}", _BARRIER_MS)
+        parts = sorted(self._client.key_value_dir_get_bytes(prefix))
+        if self._last is not None and self._last != key:
+            self._client.key_value_delete(self._last)
+        self._last = key
+        return [value for _, value in parts]

@@ -67,6 +67,11 @@ class CheckpointManager:
     with that name, e.g. ``lambda name: multihost_utils.sync_global_devices(name)``;
     ckptio calls it on a thread of its own (the callable's own timeout
     applies). Without one, the processes poll the storage for each other.
+    ``allgather(name, data)`` returns every process's ``data`` (bytes), in
+    process order: two tiers (``tiers={"remote": ...}``) over several
+    processes need it, as each host's local tier gets the whole manifest.
+    After ``jax.distributed.initialize()`` all four come from jax (its
+    coordination service's barrier and key-value store).
 
     Every method releases the GIL while ckptio works. ``close()`` (or the end
     of a ``with`` block) waits for saves in flight and releases the lock and
@@ -74,7 +79,7 @@ class CheckpointManager:
     """
 
     def __init__(self, root, keep=None, keep_every=None, config=None, *, read_only=False,
-                 process_index=None, process_count=None, barrier=None, **options):
+                 process_index=None, process_count=None, barrier=None, allgather=None, **options):
         overrides = {}
         if keep is not None:
             overrides["keep"] = keep
@@ -84,8 +89,9 @@ class CheckpointManager:
         if process_index is None and process_count is None:
             defaults = _jax.distributed_defaults(os.fspath(root))
             if defaults is not None:  # jax.distributed.initialize() ran: its processes, its barrier
-                process_index, process_count, jax_barrier = defaults
-                barrier = barrier if barrier is not None else jax_barrier
+                process_index, process_count, jax_barrier, jax_allgather = defaults
+                if barrier is None:
+                    barrier, allgather = jax_barrier, allgather or jax_allgather
         self._process = (process_index or 0, process_count or 1)
         if process_index is not None:
             overrides["multihost.process_index"] = process_index
@@ -93,9 +99,15 @@ class CheckpointManager:
             overrides["multihost.process_count"] = process_count
         if barrier is not None and not callable(barrier):
             raise TypeError(f"barrier must be a callable barrier(name), got {type(barrier).__name__}")
+        if allgather is not None and not callable(allgather):
+            raise TypeError(f"allgather must be a callable allgather(name, data) -> list of bytes, "
+                            f"got {type(allgather).__name__}")
         pairs = [(path, json.dumps(value)) for path, value in overrides.items()]
         config = "" if config is None else os.fspath(config)
-        self._m = _ckptio.Manager(os.fspath(root), config, pairs, read_only, barrier)
+        self._m = _ckptio.Manager(os.fspath(root), config, pairs, read_only, barrier, allgather)
+        # Two tiers over several processes: each host keeps local copies of
+        # what it holds and another process writes.
+        self._per_host = self._process[1] > 1 and bool(self.options.get("tiers", {}).get("remote"))
         self._handles = []
         self._handles_lock = threading.Lock()
         _live.add(self)
@@ -112,14 +124,16 @@ class CheckpointManager:
         ``.timings``). Raises on bad input, a step already committed, or the
         failure of an earlier background save (reported once)."""
         step = _check_step(step)
-        names, dtypes, arrays, chunks, description, immutable = _tree.flatten(tree, *self._process)
+        names, dtypes, arrays, chunks, local, description, immutable = _tree.flatten(
+            tree, *self._process, local_copies=self._per_host)
         meta = {_tree.TREE_KEY: description}
         if metadata is not None:
             meta[_tree.USER_KEY] = metadata
         chunks = chunks if any(c is not None for c in chunks) else None
+        local = local if any(local) else None
         # A state of jax.Arrays (and scalars) is borrowed, not copied: the
         # trainer waits for nothing but the device-to-host transfers.
-        handle = self._m.save(step, names, dtypes, arrays, _metadata_json(meta), chunks, immutable)
+        handle = self._m.save(step, names, dtypes, arrays, _metadata_json(meta), chunks, immutable, local)
         with self._handles_lock:
             self._handles = [h for h in self._handles if not h.done()] + [handle]
         return handle

@@ -121,14 +121,19 @@ def to_array(value, name, kind):
     return array
 
 
-def flatten(tree, process=0, process_count=1):
-    """(names, dtype names, arrays, chunks, description, immutable) of a tree.
+def flatten(tree, process=0, process_count=1, local_copies=False):
+    """(names, dtype names, arrays, chunks, local, description, immutable) of a tree.
 
     A jax.Array spread over devices becomes the chunks this process writes:
     chunks[i] = (array name, global shape, start), and names[i] is "" (the
     library names chunks); None for a whole tensor. When several processes
     save one tree of global arrays, the whole tensors (numpy arrays, scalars:
     the same on every process) are written by process 0 alone.
+
+    `local_copies` (two tiers, several processes): also what this process
+    holds that another one writes (the parts of replicated chunks, the whole
+    tensors), with local[i] True: kept in this host's local tier only, so
+    that a restore here reads nothing from the remote tier.
 
     `immutable`: every array of the save is immutable or ckptio's own, so the
     save may borrow them instead of copying: views of jax.Arrays (jax never
@@ -142,20 +147,23 @@ def flatten(tree, process=0, process_count=1):
             raise ValueError(f"cannot save {name!r}: the jax.Array was deleted (donated to a jitted step, "
                              "or .delete()d) before the save")
     _jax.start_host_copies(value for _, value, _ in leaves)
-    names, dtypes, arrays, chunks = [], [], [], []
+    names, dtypes, arrays, chunks, local = [], [], [], [], []
     sharded = any(_jax.needs_chunks(value) for _, value, _ in leaves)
     immutable = True
     for name, value, kind in leaves:
         if _jax.needs_chunks(value):
             global_shape = tuple(int(n) for n in value.shape)
-            for start, data in _jax.chunks(value, process):
-                array = to_array(data, name, _ARRAY)
-                names.append("")
-                dtypes.append(_dtypes.dtype_name(array.dtype))
-                arrays.append(array)
-                chunks.append((name, global_shape, tuple(int(s) for s in start)))
+            for copies in (False, True) if local_copies else (False,):
+                for start, data in _jax.chunks(value, process, copies):
+                    array = to_array(data, name, _ARRAY)
+                    names.append("")
+                    dtypes.append(_dtypes.dtype_name(array.dtype))
+                    arrays.append(array)
+                    chunks.append((name, global_shape, tuple(int(s) for s in start)))
+                    local.append(copies)
             continue
-        if sharded and process_count > 1 and process != 0:
+        copy = sharded and process_count > 1 and process != 0
+        if copy and not local_copies:
             continue
         array = to_array(value, name, kind)
         immutable = immutable and (kind != _ARRAY or _jax.is_jax_array(value))
@@ -163,7 +171,8 @@ def flatten(tree, process=0, process_count=1):
         dtypes.append(_dtypes.dtype_name(array.dtype))
         arrays.append(array)
         chunks.append(None)
-    return names, dtypes, arrays, chunks, description, immutable
+        local.append(copy)
+    return names, dtypes, arrays, chunks, local, description, immutable
 
 
 # The walkers are module functions taking their state as arguments, not

@@ -242,17 +242,43 @@ class PythonBarrier {
     }
   }
 
+  // As an all-gather: `fn(name, data)` returns every process's bytes.
+  Result<std::vector<std::string>> AllGather(const std::string& name, const std::string& bytes) {
+    const std::string what = "all-gather \"" + name + "\"";
+    if (Py_IsInitialized() == 0) return CancelledError(what + ": the interpreter is exiting");
+    py::gil_scoped_acquire gil;
+    try {
+      py::object got = (*fn_)(name, py::bytes(bytes));
+      std::vector<std::string> out;
+      for (py::handle part : got) out.push_back(py::cast<std::string>(py::bytes(py::reinterpret_borrow<py::object>(part))));
+      return out;
+    } catch (py::error_already_set& e) {
+      return UnavailableError(what + ": the allgather callable raised " + e.what());
+    } catch (const py::cast_error& e) {
+      return InvalidArgumentError(what + ": the allgather callable must return a list of bytes (" + e.what() + ")");
+    }
+  }
+
  private:
   py::object* fn_;
 };
 
-std::shared_ptr<Barrier> MakeBarrier(const py::object& fn) {
+std::shared_ptr<Barrier> MakeBarrier(const py::object& fn, const py::object& allgather_fn) {
   if (fn.is_none()) return nullptr;
   if (!PyCallable_Check(fn.ptr())) Check(InvalidArgumentError("barrier must be callable (barrier(name))"));
   auto barrier = std::make_shared<PythonBarrier>(fn);
-  return CallbackBarrier([barrier](const std::string& name, std::chrono::milliseconds) {
-    return barrier->Wait(name);
-  });
+  AllGatherFn all_gather;
+  if (!allgather_fn.is_none()) {
+    if (!PyCallable_Check(allgather_fn.ptr())) {
+      Check(InvalidArgumentError("allgather must be callable (allgather(name, data) -> list of bytes)"));
+    }
+    auto gather = std::make_shared<PythonBarrier>(allgather_fn);
+    all_gather = [gather](const std::string& name, std::string bytes, std::chrono::milliseconds) {
+      return gather->AllGather(name, bytes);
+    };
+  }
+  return CallbackBarrier([barrier](const std::string& name, std::chrono::milliseconds) { return barrier->Wait(name); },
+                         std::move(all_gather));
 }
 
 py::dict TimingsDict(const SaveTimings& t) {
@@ -307,13 +333,13 @@ class PyManager {
  public:
   PyManager(std::string root, const std::string& config_path,
             const std::vector<std::pair<std::string, std::string>>& overrides, bool read_only,
-            const py::object& barrier_fn) {
+            const py::object& barrier_fn, const py::object& allgather_fn) {
     Options options = Take(config::LoadConfig(config_path));
     for (const auto& [path, json_text] : overrides) ApplyOverride(path, json_text, options);
     if (Status s = config::ValidateOptions(options); !s.ok()) {
       Check(InvalidArgumentError("invalid options: " + s.message()));
     }
-    std::shared_ptr<Barrier> barrier = MakeBarrier(barrier_fn);
+    std::shared_ptr<Barrier> barrier = MakeBarrier(barrier_fn, allgather_fn);
     Result<std::unique_ptr<CheckpointManager>> opened = [&] {
       py::gil_scoped_release release;
       SignalsBlocked blocked;  // the loop, pool and barrier threads inherit the mask
@@ -355,8 +381,9 @@ class PyManager {
 
   // `chunks`: None, or one entry per tensor: None (a whole tensor) or
   // (array name, global shape, start) for a chunk of a sharded array.
+  // `local`: None, or one bool per tensor: TensorRef::local_copy.
   py::object Save(int64_t step, const py::list& names, const py::list& dtypes, const py::list& arrays,
-                  const std::string& metadata_json, const py::object& chunks, bool borrow) {
+                  const std::string& metadata_json, const py::object& chunks, bool borrow, const py::object& local) {
     auto m = Get();
     HeldObjects::Drain();
     TakeUncollectedWaitError();
@@ -369,6 +396,7 @@ class PyManager {
     if (!chunks.is_none() && py::len(chunks) != n) {
       Check(InvalidArgumentError("save: names and chunks differ in length"));
     }
+    if (!local.is_none() && py::len(local) != n) Check(InvalidArgumentError("save: names and local differ in length"));
     for (size_t i = 0; i < n; ++i) {
       ChunkOf chunk;
       if (!chunks.is_none() && !chunks[py::int_(i)].is_none()) {
@@ -381,6 +409,7 @@ class PyManager {
       if (name.empty() && !chunk.empty()) name = ChunkName(chunk.array, chunk.start);
       refs.push_back(Ref(std::move(name), dtypes[i], arrays[i]));
       refs.back().chunk = std::move(chunk);
+      refs.back().local_copy = !local.is_none() && py::cast<bool>(local[py::int_(i)]);
     }
     // The manager holds the arrays (the caller's, or copies the package made
     // contiguous) until nothing reads them: the caller may drop its own
@@ -590,6 +619,7 @@ class PyManager {
     d["replications_skipped"] = s.replications_skipped;
     d["bytes_resumed"] = s.bytes_resumed;
     d["steps_seeded"] = s.steps_seeded;
+    d["bytes_read_remote"] = s.bytes_read_remote;
     return d;
   }
 
@@ -789,11 +819,12 @@ PYBIND11_MODULE(_ckptio, m) {
 
   py::class_<PyManager>(m, "Manager")
       .def(py::init<std::string, const std::string&, const std::vector<std::pair<std::string, std::string>>&, bool,
-                    const py::object&>(),
+                    const py::object&, const py::object&>(),
            py::arg("root"), py::arg("config"), py::arg("overrides"), py::arg("read_only"),
-           py::arg("barrier") = py::none())
+           py::arg("barrier") = py::none(), py::arg("allgather") = py::none())
       .def("save", &PyManager::Save, py::arg("step"), py::arg("names"), py::arg("dtypes"), py::arg("arrays"),
-           py::arg("metadata_json"), py::arg("chunks") = py::none(), py::arg("borrow") = false)
+           py::arg("metadata_json"), py::arg("chunks") = py::none(), py::arg("borrow") = false,
+           py::arg("local") = py::none())
       .def("tensors", &PyManager::Tensors, py::arg("step"))
       .def("restore_slices", &PyManager::RestoreSlices, py::arg("step"), py::arg("slices"))
       .def("wait_until_finished", &PyManager::WaitUntilFinished)

@@ -60,6 +60,9 @@ Task<Result<std::vector<std::string>>> ManagerImpl::Exchange(std::string name, s
     co_return UnimplementedError("all-gather \"" + name + "\": the storage-only barrier cannot exchange bytes");
   }
   runtime::ScopedSpan span(tracer_.get(), runtime::Track::kCommit, "all-gather " + name);
+  // Each host's root is its own: the remote tier they share names the job's
+  // exchanges (two managers of one job never mix theirs).
+  name = options_.tiers.remote + " " + name;
   auto gather = [barrier = barrier_, name, bytes = std::move(bytes), timeout = options_.multihost.timeout] {
     return barrier->AllGather(name, bytes, timeout);
   };
