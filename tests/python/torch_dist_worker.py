@@ -98,15 +98,14 @@ def role_save(rank, world, out, roots):
         torch.save(expected, os.path.join(out, "expected-2.pt"))
     for w in writers:
         fut = dcp.async_save(sd, storage_writer=w, checkpoint_id=2)
-        with torch.no_grad():  # changed right after the snapshot
+        with torch.no_grad():  # changed right after the snapshot, put back exactly once the save is done
+            kept = [p.to_local().clone() for p in model.parameters()]
             for p in model.parameters():
                 p.to_local().add_(100.0)
-            for p in model.parameters():
-                p.to_local().sub_(100.0)
-            sd["model"]["0.weight"].to_local().add_(1000.0)
         fut.result()
         with torch.no_grad():
-            sd["model"]["0.weight"].to_local().sub_(1000.0)
+            for p, k in zip(model.parameters(), kept):
+                p.to_local().copy_(k)
     for w in writers:
         w.close()
 
@@ -152,25 +151,29 @@ def role_kill(rank, world, out, roots):
 
 def role_manager(rank, world, out, roots):
     mesh = init_device_mesh("cpu", (world,))
-    shared = distribute_tensor(torch.arange(40, dtype=torch.float64).reshape(10, 4), mesh, [Shard(0)])
+    full = torch.arange(40, dtype=torch.float64).reshape(10, 4)
+    shared = distribute_tensor(full, mesh, [Shard(0)])
     mgr = ckptio.CheckpointManager(roots[0], keep=2, staging_memory="64MiB")
     assert mgr._process == (rank, world), mgr._process
-    mine = torch.full((3,), float(rank))
-    mgr.save(5, {f"rank{rank}": mine, "shared": shared})
-    mine.fill_(-1.0)  # after the snapshot
+    # A tree with DTensors: each rank writes its chunk, rank 0 the whole tensors.
+    common = torch.full((3,), 7.0)
+    mgr.save(5, {"common": common, "shared": shared})
+    common.fill_(-1.0)  # after the snapshot
+    # A tree of each rank's own tensors: each rank writes its own.
+    mine = torch.full((2,), float(rank))
+    mgr.save(6, {f"rank{rank}": mine})
     mgr.wait_until_finished()
-    dist.barrier()
-    target = {f"rank{rank}": torch.zeros(3), "shared": distribute_tensor(torch.zeros(10, 4, dtype=torch.float64),
-                                                                          mesh, [Shard(0)])}
+    target = {"common": torch.zeros(3), "shared": distribute_tensor(torch.zeros(10, 4, dtype=torch.float64), mesh,
+                                                                      [Shard(0)])}
     got = mgr.restore(5, target=target)
-    assert torch.equal(got[f"rank{rank}"], torch.full((3,), float(rank))), got
-    assert isinstance(got["shared"], DTensor)
-    assert torch.equal(got["shared"].full_tensor(), torch.arange(40, dtype=torch.float64).reshape(10, 4))
+    assert torch.equal(got["common"], torch.full((3,), 7.0)), got
+    assert isinstance(got["shared"], DTensor) and torch.equal(got["shared"].full_tensor(), full)
     local_ptr = target["shared"].to_local().data_ptr()
     assert mgr.restore_into(5, target) == 5
     assert target["shared"].to_local().data_ptr() == local_ptr
-    assert torch.equal(target["shared"].full_tensor(), torch.arange(40, dtype=torch.float64).reshape(10, 4))
-    assert torch.equal(target[f"rank{rank}"], torch.full((3,), float(rank)))
+    assert torch.equal(target["shared"].full_tensor(), full)
+    other = mgr.restore(6)[f"rank{1 - rank}"]  # numpy: the tree stored is rank 0's part alone
+    assert torch.equal(torch.as_tensor(other), torch.full((2,), float(1 - rank)))
     mgr.close()
     print(f"rank {rank} ok", flush=True)
 
