@@ -3,6 +3,7 @@ CheckpointManager.save / restore / restore_into of torch state, and
 torch.distributed.checkpoint with ckptio's StorageWriter / StorageReader
 without a process group (the multi-rank jobs are in test_py_torch_dist.py)."""
 import json
+import pathlib
 import warnings
 
 import numpy as np
@@ -213,3 +214,13 @@ def test_cuda_tensors_are_saved_through_pinned_memory_and_restored_onto_the_gpu(
     assert got["w"].device == w.device and raw(got["w"]) == expected
     assert into["w"].data_ptr() == ptr and raw(into["w"]) == expected
     assert raw(got["bf"]) == raw(bf)
+
+
+def test_the_readme_training_loop_runs_as_written_and_resumes(tmp_path, run_python):
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("### PyTorch"):]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    script = f"import os\nos.chdir({str(tmp_path)!r})\n" + code + \
+        "print('steps', ckptio.CheckpointManager('checkpoints', read_only=True).all_steps())\n"
+    assert "steps [40, 60, 80]" in run_python(script).stdout
+    assert "steps [140, 160, 180]" in run_python(script).stdout  # resumed from step 80
