@@ -7,7 +7,9 @@ import sys
 import threading
 import weakref
 
-from . import _ckptio, _dtypes, _jax, _tree
+import numpy as np
+
+from . import _ckptio, _dtypes, _jax, _torch, _tree
 from ._errors import CkptioError, NotFoundError
 
 # Managers still open, closed (their saves waited for) when the interpreter exits.
@@ -87,11 +89,13 @@ class CheckpointManager:
             overrides["keep_every"] = keep_every
         overrides.update(_flatten_options(options))
         if process_index is None and process_count is None:
-            defaults = _jax.distributed_defaults(os.fspath(root))
-            if defaults is not None:  # jax.distributed.initialize() ran: its processes, its barrier
-                process_index, process_count, jax_barrier, jax_allgather = defaults
+            # jax.distributed.initialize() ran, or torch.distributed has a default
+            # process group: its processes, its barrier and all-gather.
+            defaults = _jax.distributed_defaults(os.fspath(root)) or _torch.distributed_defaults(os.fspath(root))
+            if defaults is not None:
+                process_index, process_count, default_barrier, default_allgather = defaults
                 if barrier is None:
-                    barrier, allgather = jax_barrier, allgather or jax_allgather
+                    barrier, allgather = default_barrier, allgather or default_allgather
         self._process = (process_index or 0, process_count or 1)
         if process_index is not None:
             overrides["multihost.process_index"] = process_index
@@ -110,6 +114,7 @@ class CheckpointManager:
         self._per_host = self._process[1] > 1 and bool(self.options.get("tiers", {}).get("remote"))
         self._handles = []
         self._handles_lock = threading.Lock()
+        self._device_staging = None  # pinned host memory for torch tensors on a GPU, made on first use
         _live.add(self)
 
     # --- saving -----------------------------------------------------------
@@ -124,8 +129,10 @@ class CheckpointManager:
         ``.timings``). Raises on bad input, a step already committed, or the
         failure of an earlier background save (reported once)."""
         step = _check_step(step)
+        if self._device_staging is None and "torch" in sys.modules:
+            self._device_staging = _torch.DeviceStaging()
         names, dtypes, arrays, chunks, local, description, immutable = _tree.flatten(
-            tree, *self._process, local_copies=self._per_host)
+            tree, *self._process, device_staging=self._device_staging, local_copies=self._per_host)
         meta = {_tree.TREE_KEY: description}
         if metadata is not None:
             meta[_tree.USER_KEY] = metadata
@@ -174,7 +181,9 @@ class CheckpointManager:
         metadata_json, listed = self._m.tensors(step)  # the manifest, read once here
         catalog = _jax.Catalog(listed)
         description = self._description(metadata_json)
-        if catalog.chunked or (target is not None and _tree.has_jax_leaves(target)):
+        if target is not None and _tree.has_torch_leaves(target):
+            arrays = self._read_for_torch(step, target, catalog)
+        elif catalog.chunked or (target is not None and _tree.has_jax_leaves(target)):
             arrays = self._read_arrays(step, target, catalog, description)
         else:
             _, _, tensors = self._m.restore(step, _dtypes.NUMPY_DTYPES)
@@ -184,6 +193,74 @@ class CheckpointManager:
         if not _describes(description, set(arrays)):
             return _tree.nest(arrays)
         return _tree.unflatten(description, arrays)
+
+    def restore_into(self, step, tree):
+        """Fills the tensors of ``tree`` (torch tensors, DTensors, writable
+        numpy arrays) in place with checkpoint ``step`` (None: the latest),
+        every CRC32C checked, and returns the step read. The bytes are read
+        straight into the tensors' memory where a tensor is a contiguous CPU
+        tensor of the checkpoint's dtype (a model's parameters, an
+        optimizer's state: ``restore_into(step, {"model": model.state_dict(),
+        ...})`` needs no ``load_state_dict`` for them); others (another
+        dtype, a GPU, a non-contiguous view) through a host temporary and
+        ``copy_``. A DTensor gets the part of the tensor its rank holds.
+        Python scalars, strings and None in the tree's dicts and lists are
+        replaced by the checkpoint's. A leaf whose shape differs from the
+        checkpoint's, or that the checkpoint lacks, raises ValueError naming it."""
+        step = self._step_to_read(step)
+        metadata_json, listed = self._m.tensors(step)
+        catalog = _jax.Catalog(listed)
+        description = self._description(metadata_json)
+        values = _tree._values_by_name(description) if description is not _NO_TREE else {}
+        reads = _torch.Reads(self._m, step, catalog)
+        missing = []
+        for name, container, key, leaf in _torch.walk(tree):
+            if name not in catalog:
+                if name in values and container is not None:
+                    container[key] = values[name]
+                elif name not in values:
+                    missing.append(name)
+                continue
+            if _torch.is_tensor(leaf):
+                _torch.fill(reads, name, leaf)
+            elif isinstance(leaf, np.ndarray):
+                _torch.check_shape(name, leaf.shape, catalog.arrays[name][1])
+                if not leaf.flags.writeable:
+                    raise ValueError(f"tensor {name!r}: the target numpy array is read-only")
+                reads.into(name, (0,) * leaf.ndim, leaf)
+            elif container is not None:  # a scalar, a string or None: replaced
+                kind = (_tree._leaf_kinds(description).get(name) if description is not _NO_TREE else None) \
+                    or _tree._ARRAY
+                dtype, shape, _ = catalog.arrays[name]
+                temp = np.empty(shape, _dtypes.NUMPY_DTYPES[dtype])
+                reads.into(name, (0,) * len(shape), temp,
+                           done=lambda c=container, k=key, t=temp, kd=kind: c.__setitem__(k, _tree._leaf_value(t, kd)))
+        if missing:
+            shown = ", ".join(repr(m) for m in missing[:5]) + (", ..." if len(missing) > 5 else "")
+            raise ValueError(f"the checkpoint has no tensor for {len(missing)} leaf(s) of the target: {shown}")
+        reads.run()
+        return step
+
+    def _read_for_torch(self, step, target, catalog):
+        """name -> restored leaf for a target holding torch tensors: a tensor
+        of the target's dtype and device for each torch leaf (a DTensor on its
+        mesh for a DTensor leaf), numpy arrays for the others; only what the
+        target names is read."""
+        reads = _torch.Reads(self._m, step, catalog)
+        arrays, builds = {}, []
+        for name, leaf in _tree.named_leaves(target):
+            if name not in catalog:
+                continue  # _tree.like reports it, or takes it from the description
+            if _torch.is_tensor(leaf):
+                builds.append((name, _torch.plan_target(reads, name, leaf)))
+            else:
+                dtype, shape, _ = catalog.arrays[name]
+                arrays[name] = np.empty(shape, _dtypes.NUMPY_DTYPES[dtype])
+                reads.into(name, (0,) * len(shape), arrays[name])
+        reads.run()
+        for name, build in builds:
+            arrays[name] = build()
+        return arrays
 
     def _step_to_read(self, step):
         """``step`` checked, or (None) the latest committed one; a save of it

@@ -17,18 +17,19 @@ strings. A checkpoint without it (written by C++ or the CLI) comes back as
 nested dicts split on "/".
 """
 import collections
+import sys
 from collections.abc import Mapping
 
 import numpy as np
 
-from . import _dtypes, _jax
+from . import _dtypes, _jax, _torch
 
 TREE_KEY = "ckptio_tree"
 USER_KEY = "user"
 ROOT_NAME = "value"
 
-# Leaf kinds: what a restored tensor becomes.
-_ARRAY, _SCALAR, _INT, _FLOAT, _BOOL = "array", "scalar", "int", "float", "bool"
+# Leaf kinds: what a restored tensor becomes ("torch": a torch.Tensor).
+_ARRAY, _SCALAR, _INT, _FLOAT, _BOOL, _TORCH = "array", "scalar", "int", "float", "bool", "torch"
 
 
 def _is_namedtuple(x):
@@ -54,25 +55,6 @@ def _encodable(text):
         return False
 
 
-def _is_torch_tensor(x):
-    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "detach")
-
-
-def _torch_to_numpy(t):
-    """A CPU numpy view of a torch tensor (bf16/f8 through ml_dtypes)."""
-    import torch  # only reached with a torch tensor in hand
-
-    t = t.detach().cpu()
-    views = {torch.bfloat16: (torch.int16, _dtypes.NUMPY_DTYPES["BF16"])}
-    for name, st in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
-        if hasattr(torch, name):
-            views[getattr(torch, name)] = (torch.uint8, _dtypes.NUMPY_DTYPES[st])
-    if t.dtype in views:
-        as_int, dtype = views[t.dtype]
-        return t.contiguous().view(as_int).numpy().view(dtype)
-    return t.numpy()
-
-
 def _leaf_kind(value, name):
     """What a leaf is stored as (its description's "kind"), decided without
     converting it (a sharded jax.Array is never gathered to find it).
@@ -85,7 +67,9 @@ def _leaf_kind(value, name):
         return _FLOAT
     if isinstance(value, np.generic):
         return _SCALAR
-    if isinstance(value, np.ndarray) or _is_torch_tensor(value) or hasattr(value, "__array__"):
+    if _torch.is_tensor(value):
+        return _TORCH
+    if isinstance(value, np.ndarray) or hasattr(value, "__array__"):
         return _ARRAY
     raise TypeError(
         f"cannot save {name!r}: {type(value).__module__}.{type(value).__qualname__} is neither "
@@ -96,9 +80,10 @@ def _leaf_kind(value, name):
 _PYTHON_SCALARS = {_BOOL: np.bool_, _INT: np.int64, _FLOAT: np.float64}
 
 
-def to_array(value, name, kind):
+def to_array(value, name, kind, host=None):
     """The C-contiguous numpy array of one leaf of `kind`; no copy when the
-    leaf already is a C-contiguous array of a supported dtype."""
+    leaf already is a C-contiguous array (or CPU tensor) of a supported dtype.
+    `host`: the host copies of tensors on an accelerator (_torch.DeviceStaging)."""
     if kind in _PYTHON_SCALARS:
         try:
             return np.asarray(value, dtype=_PYTHON_SCALARS[kind])
@@ -106,8 +91,8 @@ def to_array(value, name, kind):
             raise OverflowError(f"cannot save {name!r}: Python int {value} does not fit in int64") from None
     if isinstance(value, np.ndarray):
         array = value
-    elif _is_torch_tensor(value):
-        array = _torch_to_numpy(value)
+    elif _torch.is_tensor(value):
+        array = _torch.to_numpy(value, name, host)
     else:
         array = np.asarray(value)  # a numpy scalar; a jax.Array: a host view on the CPU
     if _dtypes.dtype_name(array.dtype) is None:
@@ -121,7 +106,7 @@ def to_array(value, name, kind):
     return array
 
 
-def flatten(tree, process=0, process_count=1, local_copies=False):
+def flatten(tree, process=0, process_count=1, device_staging=None, local_copies=False):
     """(names, dtype names, arrays, chunks, local, description, immutable) of a tree.
 
     A jax.Array spread over devices becomes the chunks this process writes:
@@ -139,7 +124,12 @@ def flatten(tree, process=0, process_count=1, local_copies=False):
     save may borrow them instead of copying: views of jax.Arrays (jax never
     writes a buffer in place while something outside references it: a
     donation is refused and the step writes a new buffer), and the arrays
-    made here from scalars. The caller's numpy arrays are not."""
+    made here from scalars. The caller's numpy arrays and torch tensors are
+    not.
+
+    A torch DTensor is saved as the chunk this rank holds (_torch.dtensor_chunks),
+    like a sharded jax.Array; tensors on an accelerator are copied to the host
+    first, all at once, through `device_staging` (a _torch.DeviceStaging)."""
     leaves = []
     description = _encode(tree, (), leaves)
     for name, value, _ in leaves:
@@ -147,10 +137,23 @@ def flatten(tree, process=0, process_count=1, local_copies=False):
             raise ValueError(f"cannot save {name!r}: the jax.Array was deleted (donated to a jitted step, "
                              "or .delete()d) before the save")
     _jax.start_host_copies(value for _, value, _ in leaves)
+    host = None
+    if device_staging is not None and any(kind == _TORCH for _, _, kind in leaves):
+        host = device_staging.copy([value for _, value, kind in leaves if kind == _TORCH])
     names, dtypes, arrays, chunks, local = [], [], [], [], []
-    sharded = any(_jax.needs_chunks(value) for _, value, _ in leaves)
+    sharded = any(_jax.needs_chunks(value) or _torch.is_dtensor(value) for _, value, _ in leaves)
     immutable = True
     for name, value, kind in leaves:
+        if _torch.is_dtensor(value):
+            for start, data in _torch.dtensor_chunks(value, name):
+                array = to_array(data, name, _TORCH, host)
+                names.append("")
+                dtypes.append(_dtypes.dtype_name(array.dtype))
+                arrays.append(array)
+                chunks.append((name, tuple(int(n) for n in value.shape), start))
+                local.append(False)
+            immutable = False
+            continue
         if _jax.needs_chunks(value):
             global_shape = tuple(int(n) for n in value.shape)
             for copies in (False, True) if local_copies else (False,):
@@ -165,8 +168,8 @@ def flatten(tree, process=0, process_count=1, local_copies=False):
         copy = sharded and process_count > 1 and process != 0
         if copy and not local_copies:
             continue
-        array = to_array(value, name, kind)
-        immutable = immutable and (kind != _ARRAY or _jax.is_jax_array(value))
+        array = to_array(value, name, kind, host)
+        immutable = immutable and (kind not in (_ARRAY, _TORCH) or _jax.is_jax_array(value))
         names.append(name)
         dtypes.append(_dtypes.dtype_name(array.dtype))
         arrays.append(array)
@@ -211,7 +214,19 @@ def _leaf_value(array, kind):
         return bool(array)
     if kind == _SCALAR:
         return array[()]
+    if kind == _TORCH and not _torch.is_tensor(array):
+        return _torch_leaf(array)
     return array
+
+
+def _torch_leaf(array):
+    """A tensor saved from torch, restored without a target: a torch.Tensor
+    over the array's memory (numpy if torch is not installed)."""
+    try:
+        import torch  # noqa: F401  (registers itself in sys.modules for _torch)
+    except ImportError:
+        return array
+    return _torch.from_numpy(array)
 
 
 _namedtuple_types = {}
@@ -355,6 +370,11 @@ def named_leaves(tree, path=(), out=None):
     return out
 
 
+def has_torch_leaves(tree):
+    """Whether a target holds torch tensors."""
+    return "torch" in sys.modules and any(_torch.is_tensor(leaf) for _, leaf in named_leaves(tree))
+
+
 def has_jax_leaves(tree):
     """Whether a target holds jax.Arrays or ShapeDtypeStructs."""
     return _jax._jax() is not None and any(_jax.is_sharded_target(leaf) or _jax.is_abstract(leaf)
@@ -362,6 +382,8 @@ def has_jax_leaves(tree):
 
 
 def _like_leaf(target, array, name):
+    if _torch.is_tensor(target):
+        return _torch_like(target, array, name)
     if isinstance(target, (bool, int, float)) and not isinstance(target, np.generic):
         if array.shape != ():
             raise ValueError(f"tensor {name!r}: the target holds a scalar, the checkpoint shape {array.shape}")
@@ -375,6 +397,19 @@ def _like_leaf(target, array, name):
         raise ValueError(f"tensor {name!r}: the checkpoint has shape {array.shape}, "
                          f"the target {tuple(shape)}")
     return array
+
+
+def _torch_like(target, value, name):
+    """A restored leaf as a tensor of the target's dtype and device (a
+    DTensor target: built already by _torch.plan_target)."""
+    _torch.check_shape(name, target.shape, value.shape)
+    if not _torch.is_tensor(value):
+        value = _torch.from_numpy(value)
+    if _torch.is_dtensor(target):
+        return value
+    if value.dtype != target.dtype or value.device != target.device:
+        value = value.to(device=target.device, dtype=target.dtype)
+    return value
 
 
 def like(target, arrays, description):

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""PyTorch trainers' checkpoints: torch.save, torch.distributed.checkpoint's
+async_save with its FileSystemWriter, ckptio's CheckpointManager.save, and
+DCP's async_save with ckptio's StorageWriter, on the same state and loop, in
+1 process and in 2 gloo ranks (127.0.0.1); fio's read rate in the same run.
+
+    .venv/bin/python bench/torch_bench.py [--size-gib 1] [--tensors 100] [--saves 10]
+        [--compute-s 1.5] [--processes 1,2] [--dir DIR] [--python-path build/python]
+
+The state: --size-gib of float32 tensors in all (--tensors of them, split
+between the ranks, each rank its own names). Per tool and process count, in
+fresh processes (each rank its own), after one untimed warm-up save:
+  loop      --saves saves, each after --compute-s of idle compute (a host
+            waiting for its accelerator), as each tool's user would write it:
+            torch.save to a file per rank and step; DCP's async_save after
+            waiting for the previous one's future (its documented pattern);
+            ckptio's save; then the final wait. Three steps kept by each.
+  blocked   the median time a save held the trainer (for DCP, the wait for
+            the previous future included)
+  overhead  (loop wall, final wait included) / (the same loop without saves) - 1
+  restore   the last step into the state's tensors, its files evicted from
+            the page cache first: torch.load, dcp.load, restore_into,
+            dcp.load with ckptio's StorageReader; as a ratio to fio's O_DIRECT
+            read rate of the same disk
+  peak RSS  over the RSS with the state built, before the tool's set-up
+            (VmHWM, reset through /proc/self/clear_refs): staging and the
+            warm-up save included; the largest rank's. fio reads with one
+            request in flight (psync, 8 MiB): a reader with several in flight
+            (ckptio) can exceed it
+"""
+import argparse
+import ctypes
+import gc
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOOLS = ["torch.save", "dcp-fs", "ckptio", "dcp-ckptio"]
+LABELS = {"none": "no saves", "torch.save": "`torch.save`",
+          "dcp-fs": "DCP `async_save` (FileSystemWriter)", "ckptio": "`ckptio.CheckpointManager.save`",
+          "dcp-ckptio": "DCP `async_save` (ckptio's StorageWriter)"}
+
+
+def status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+
+def reset_peak():
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status("VmRSS")
+
+
+def evict(root):
+    for d, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+# ------------------------------------------------------------------ one rank
+
+
+def worker(a):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    rank, world = a.rank, a.world
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+
+    def barrier():
+        if world > 1:
+            dist.barrier()
+
+    n = a.tensors // world
+    per = a.size // a.tensors // 4
+    gen = torch.Generator().manual_seed(rank)
+    state = {f"r{rank}/w{i}": torch.randn(per, generator=gen) for i in range(n)}
+    nbytes = n * per * 4
+    rss0 = reset_peak()  # the state built, nothing of the tool's yet: staging counts
+    root = a.dir
+    os.makedirs(root, exist_ok=True)
+    import ckptio
+    import ckptio.torch
+
+    mgr = writer = fut = None
+    if a.tool == "ckptio":
+        mgr = ckptio.CheckpointManager(os.path.join(root, "ckptio"), keep=3)
+    elif a.tool == "dcp-ckptio":
+        writer = ckptio.torch.StorageWriter(os.path.join(root, "dcp-ckptio"), keep=3)
+    kept = []
+
+    def save(step):
+        nonlocal fut
+        if a.tool == "torch.save":
+            path = os.path.join(root, f"step{step}-rank{rank}.pt")
+            torch.save(state, path)
+            kept.append(path)
+            if len(kept) > 3:
+                os.unlink(kept.pop(0))
+        elif a.tool == "ckptio":
+            mgr.save(step, state)
+        elif a.tool in ("dcp-fs", "dcp-ckptio"):
+            if fut is not None:
+                fut.result()
+                fut = None
+                if a.tool == "dcp-fs" and rank == 0 and len(kept) > 3:
+                    shutil.rmtree(kept.pop(0), ignore_errors=True)
+            if a.tool == "dcp-fs":
+                path = os.path.join(root, f"step{step}")
+                kept.append(path)
+                fut = dcp.async_save(state, checkpoint_id=path)
+            else:
+                fut = dcp.async_save(state, storage_writer=writer, checkpoint_id=step)
+
+    def final_wait():
+        nonlocal fut
+        if mgr is not None:
+            mgr.wait_until_finished()
+        if fut is not None:
+            fut.result()
+            fut = None
+
+    out = {"rank": rank, "bytes": nbytes}
+    if a.tool != "none":
+        save(0)  # warm-up
+        final_wait()
+    barrier()
+    blocked = []
+    t0 = time.perf_counter()
+    for step in range(1, a.saves + 1):
+        time.sleep(a.compute_s)
+        if a.tool != "none":
+            s = time.perf_counter()
+            save(step)
+            blocked.append(time.perf_counter() - s)
+    w = time.perf_counter()
+    final_wait()
+    out["final_wait"] = time.perf_counter() - w
+    out["wall"] = time.perf_counter() - t0
+    out["blocked"] = statistics.median(blocked) if blocked else 0.0
+    out["peak_extra"] = status("VmHWM") - rss0
+    barrier()
+    if a.tool != "none":
+        last = a.saves
+        for v in state.values():
+            v.zero_()
+        evict(root)
+        barrier()
+        s = time.perf_counter()
+        if a.tool == "torch.save":
+            loaded = torch.load(os.path.join(root, f"step{last}-rank{rank}.pt"), weights_only=True)
+            for k, v in state.items():
+                v.copy_(loaded[k])
+            del loaded
+        elif a.tool == "dcp-fs":
+            dcp.load(state, checkpoint_id=os.path.join(root, f"step{last}"))
+        elif a.tool == "ckptio":
+            mgr.restore_into(last, state)
+        else:
+            dcp.load(state, storage_reader=ckptio.torch.StorageReader(os.path.join(root, "dcp-ckptio")),
+                     checkpoint_id=last)
+        out["restore"] = time.perf_counter() - s
+        check = torch.Generator().manual_seed(rank)
+        out["restored_ok"] = all(torch.equal(v, torch.randn(per, generator=check)) for v in state.values())
+        barrier()
+    if mgr is not None:
+        mgr.close()
+    if writer is not None:
+        writer.close()
+    print("RESULT " + json.dumps(out), flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ driver
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(a, tool, world, work):
+    d = tempfile.mkdtemp(prefix=f"{tool}-{world}p-", dir=work)
+    port = free_port()
+    env = dict(os.environ)
+    if a.python_path:
+        env["PYTHONPATH"] = os.pathsep.join([a.python_path] + [p for p in [env.get("PYTHONPATH")] if p])
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", tool, "--world", str(world), "--port", str(port),
+           "--dir", d, "--size", str(a.size), "--tensors", str(a.tensors), "--saves", str(a.saves),
+           "--compute-s", str(a.compute_s)]
+    procs = [subprocess.Popen(cmd + ["--rank", str(r)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for r in range(world)]
+    results = []
+    for p in procs:
+        out = p.communicate()[0]
+        lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        if p.returncode != 0 or not lines:
+            sys.stderr.write(out[-3000:])
+            raise RuntimeError(f"{tool} on {world} process(es) failed ({p.returncode})")
+        results.append(json.loads(lines[-1][7:]))
+    shutil.rmtree(d, ignore_errors=True)
+    return results
+
+
+def fio_read(work, nbytes):
+    gib = max(1, round(nbytes / (1 << 30)))
+    path = os.path.join(work, "fio.tmp")
+    common = ["fio", "--name=r", f"--filename={path}", "--bs=8M", f"--size={gib}G", "--ioengine=psync", "--direct=1"]
+    try:
+        subprocess.run(common + ["--rw=write", "--end_fsync=1"], check=True, capture_output=True)
+        p = subprocess.run(common + ["--rw=read", "--output-format=json"], check=True, capture_output=True, text=True)
+        return json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]["read"]["bw_bytes"]
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-gib", type=float, default=1.0)
+    ap.add_argument("--tensors", type=int, default=100)
+    ap.add_argument("--saves", type=int, default=10)
+    ap.add_argument("--compute-s", type=float, default=1.5)
+    ap.add_argument("--processes", default="1,2")
+    ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--python-path", default=None)
+    ap.add_argument("--worker", default=None)
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--world", type=int, default=1)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--size", type=int, default=0)
+    a = ap.parse_args()
+    if a.worker:
+        a.tool = a.worker
+        worker(a)
+        return
+    a.size = int(a.size_gib * (1 << 30))
+    work = tempfile.mkdtemp(prefix="torch-bench-", dir=a.dir or os.path.join(os.path.dirname(HERE), "bench", "results"))
+    try:
+        read = fio_read(work, a.size)
+        print(f"# PyTorch checkpoints: {a.size / (1 << 30):g} GiB of float32 in {a.tensors} tensors, "
+              f"{a.saves} saves, {a.compute_s} s of idle compute before each\n")
+        print(f"fio O_DIRECT sequential read on this disk: {read / 1e6:,.0f} MB/s. torch "
+              f"{__import__('torch').__version__}; load average {open('/proc/loadavg').read().split()[0]} "
+              "at the start.\n")
+        for world in [int(p) for p in a.processes.split(",")]:
+            base = max(r["wall"] for r in run(a, "none", world, work))
+            print(f"## {world} process{'es' if world > 1 else ''} (gloo on 127.0.0.1)\n" if world > 1 else
+                  "## 1 process\n")
+            print(f"The loop without saves: {base:.2f} s.\n")
+            print("| tool | wall | overhead | blocked per save | final wait | restore | restore / fio read "
+                  "| peak extra RSS |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|")
+            for tool in a.tools.split(","):
+                rs = run(a, tool, world, work)
+                wall = max(r["wall"] for r in rs)
+                restore = max(r["restore"] for r in rs)
+                nbytes = sum(r["bytes"] for r in rs)
+                ok = "" if all(r["restored_ok"] for r in rs) else " (restore WRONG)"
+                print(f"| {LABELS[tool]} | {wall:.2f} s | {100 * (wall / base - 1):+.1f}% "
+                      f"| {1000 * max(r['blocked'] for r in rs):.0f} ms | {max(r['final_wait'] for r in rs):.2f} s "
+                      f"| {restore:.2f} s{ok} | {nbytes / restore / read:.2f}x "
+                      f"| {max(r['peak_extra'] for r in rs) / (1 << 20):,.0f} MiB |", flush=True)
+            print()
+        print(f"Command: `.venv/bin/python bench/torch_bench.py --size-gib {a.size_gib:g} --tensors {a.tensors} "
+              f"--saves {a.saves} --compute-s {a.compute_s} --processes {a.processes}`")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
