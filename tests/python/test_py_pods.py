@@ -55,8 +55,11 @@ def manager():
                                     multihost={"timeout": roots.get("timeout", "60s")},
                                     tiers={"remote": roots["remote"], "remote_keep": 5})
 
-def check(mgr, step):
-    target = {name: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec))
+def check(mgr, step, on=None):
+    # `on`: another mesh, (2, 4), every array P("b", "a"): each process needs rows another one saved.
+    other = Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b"))
+    target = {name: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec) if on is None
+                                         else NamedSharding(other, P("b", "a")))
               for name, (shape, spec) in SPECS.items()}
     target["opt"] = {"count": np.int64(0)}
     if roots.get("big_leaf"):
@@ -74,10 +77,10 @@ if mode == "save":
         mgr.wait_until_finished(tier="remote")
         check(mgr, roots["steps"][-1])
         print(index, "stats", json.dumps(mgr.stats()), flush=True)
-elif mode == "restore":
+elif mode in ("restore", "restore-other-mesh"):
     with manager() as mgr:
         step = mgr.latest_step()
-        check(mgr, step)
+        check(mgr, step, on="other" if mode == "restore-other-mesh" else None)
         print(index, "restored", step, "stats", json.dumps(mgr.stats()), flush=True)
 elif mode == "save-held":  # the copy is held by the proxy: killed by the test while it waits
     mgr = manager()
@@ -172,6 +175,11 @@ def test_a_pod_saves_to_local_tiers_and_gcs_and_a_replaced_host_alone_reads_from
     # A restart reads everything from the local tiers.
     for out in run_job(count, "restore", roots, pod_env):
         assert stats_of(out)["bytes_read_remote"] == 0, out
+    if count == 2:
+        # Onto another mesh: what a process holds comes from its disk, the rest (rows another
+        # process saved) from the remote tier; exact either way.
+        for out in run_job(count, "restore-other-mesh", roots, pod_env):
+            assert "restored 3" in out and stats_of(out)["bytes_read_remote"] > 0, out
     # Host 1 is replaced (an empty disk): it alone reads from the remote tier, and the result is exact.
     shutil.rmtree(local[1])
     outs = run_job(count, "restore", roots, pod_env)
