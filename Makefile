@@ -20,9 +20,10 @@ TSAN_BUILD ?= build-tsan
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 3600
 FUZZ_TEST_SECONDS ?= 30
-# The tests with threads worth racing: the loop, the CPU pool, HTTP, the manager, GCS on several loops,
+# The tests with threads worth racing: the loop, the CPU pool, HTTP, the manager, pods (managers of several
+# hosts in one process: swaps, copies, reads across loops), GCS on several loops,
 # gathered O_DIRECT writes (copies on the CPU pool), recycling (prunes on the CPU pool).
-TSAN_TESTS := runtime_task runtime_loop http_client pipeline_manager pipeline_crash pipeline_disk_full \
+TSAN_TESTS := runtime_task runtime_loop http_client pipeline_manager pipeline_crash pipeline_disk_full pipeline_pods \
   pipeline_preemption gcs_loops storage_direct_write storage_recycle
 TSAN_TARGETS := $(addprefix tests/,$(addsuffix _test,$(filter-out gcs_loops,$(TSAN_TESTS)))) \
   tests/pipeline/crash_saver tests/pipeline/preempt_trainer tests/gcs/gcs_checkpoint_test

@@ -106,6 +106,8 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
     // so that the others fail at once instead of at their timeout).
     Status opened = m->loop().BlockOn(m->LockTask());
     if (opened.ok()) opened = m->loop().BlockOn(m->Refresh(/*remove_debris=*/true));
+    // The remote tier first: a barrier that cannot exchange bytes swaps them there.
+    if (opened.ok()) opened = m->OpenRemoteTier(/*read_only=*/false);
     RETURN_IF_ERROR(m->loop().BlockOn(m->AgreeOnLocalSteps(std::move(opened))));
   } else if (m->owns_root()) {  // the one writer of the root (process 0 of a multi-host job)
     RETURN_IF_ERROR(m->loop().BlockOn(m->LockTask()));
@@ -135,7 +137,8 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options
   const uint64_t explicit_bytes = m->options_.staging_memory;
   const uint64_t limit = explicit_bytes != 0 ? explicit_bytes : HalfOfMemory();
   ASSIGN_OR_RETURN(m->staging_, StagingPool::Create(limit, explicit_bytes, std::move(on_grown)));
-  RETURN_IF_ERROR(m->OpenRemoteTier(/*read_only=*/false));
+  if (!m->per_host()) RETURN_IF_ERROR(m->OpenRemoteTier(/*read_only=*/false));
+  m->StartReplicator();
   if (m->options_.preemption.on_sigterm) {
     ManagerImpl* self = m.get();
     ASSIGN_OR_RETURN(m->sigterm_, SigtermWatcher::Install([self] { self->HandleSigterm(); }));

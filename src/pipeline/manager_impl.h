@@ -169,8 +169,20 @@ class ManagerImpl {
   // polls instead), on the barrier thread.
   Task<Status> BarrierWait(std::string name);
   // Every process's `bytes` (by process index), once all have given theirs:
-  // the barrier's AllGather, on the barrier thread.
+  // the barrier's AllGather, on the barrier thread; through the remote tier
+  // if the barrier can only wait (ExchangeThroughRemote).
   Task<Result<std::vector<std::string>>> Exchange(std::string name, std::string bytes);
+  // Each process writes its bytes into the remote tier, all wait, each reads
+  // every process's, all wait again, each removes its own: 2 barriers, and
+  // process_count reads per process.
+  Task<Result<std::vector<std::string>>> ExchangeThroughRemote(std::string name, std::string bytes);
+  // On the remote tier's manager, for ExchangeThroughRemote: writes this
+  // process's part (its writer, to remove it, in *writer); reads every
+  // process's; removes this one's.
+  Task<Status> PutExchange(std::string name, int process, std::string bytes,
+                           std::unique_ptr<storage::CheckpointWriter>* writer);
+  Task<Result<std::vector<std::string>>> GetExchange(std::string name, int count);
+  Task<Status> DropExchange(std::unique_ptr<storage::CheckpointWriter> writer);
   // Per-host roots: after the root is locked and cleared, the processes
   // swap what their local tiers hold (agreed_) and whether they opened.
   Task<Status> AgreeOnLocalSteps(Status opened);
@@ -300,6 +312,7 @@ class ManagerImpl {
   // Per-host roots: the steps every host's local tier committed (as of the
   // open, plus the saves since), so that every process reads the same step.
   std::set<int64_t> agreed_;  // guarded by mu_
+  bool exchange_through_remote_ = false;  // loop thread only: the barrier cannot all-gather
   // Loop thread only: the references of committed steps (step -> files of
   // other checkpoints), and retired checkpoints (no manifest: pruned, but
   // holding files that kept steps refer to) -> the files they keep.
@@ -307,9 +320,11 @@ class ManagerImpl {
   std::map<std::string, std::set<std::string>> retired_;
 
   // ---- two tiers (tiers.cc) ----
-  // Opens the remote tier (read-only: to read it; else also to copy to it,
-  // starting with the local steps it lacks).
+  // Opens the remote tier (read-only: to read it; else also to copy to it).
   Status OpenRemoteTier(bool read_only);
+  // Queues the local steps the remote tier lacks (and, with seed_local, the
+  // remote tier's newer step to copy here), and starts the copying thread.
+  void StartReplicator();
   // After a local commit: queues `step` for the remote tier (pinned here
   // until copied). Drops the oldest queued step if the queue outgrows what
   // the remote tier keeps (counted in stats). REQUIRES: mu_ not held.

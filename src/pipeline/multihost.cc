@@ -14,6 +14,9 @@
 // others fail at the next barrier within multihost.timeout; no manifest is
 // written, so the step never exists.
 
+#include <cctype>
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "base/status_macros.h"
@@ -60,18 +63,87 @@ Task<Result<std::vector<std::string>>> ManagerImpl::Exchange(std::string name, s
     co_return UnimplementedError("all-gather \"" + name + "\": the storage-only barrier cannot exchange bytes");
   }
   runtime::ScopedSpan span(tracer_.get(), runtime::Track::kCommit, "all-gather " + name);
-  // Each host's root is its own: the remote tier they share names the job's
-  // exchanges (two managers of one job never mix theirs).
-  name = options_.tiers.remote + " " + name;
-  auto gather = [barrier = barrier_, name, bytes = std::move(bytes), timeout = options_.multihost.timeout] {
-    return barrier->AllGather(name, bytes, timeout);
-  };
-  Result<std::vector<std::string>> all = co_await barrier_thread_->Run(gather);
-  if (all.ok() && all->size() != static_cast<size_t>(options_.multihost.process_count)) {
-    co_return InternalError("all-gather \"" + name + "\" returned " + std::to_string(all->size()) +
-                            " parts for " + std::to_string(options_.multihost.process_count) + " processes");
+  if (!exchange_through_remote_) {
+    // Each host's root is its own: the remote tier they share names the
+    // job's exchanges (two managers of one job never mix theirs).
+    auto gather = [barrier = barrier_, name = options_.tiers.remote + " " + name, bytes,
+                   timeout = options_.multihost.timeout] { return barrier->AllGather(name, bytes, timeout); };
+    Result<std::vector<std::string>> all = co_await barrier_thread_->Run(gather);
+    if (all.ok() && all->size() != static_cast<size_t>(options_.multihost.process_count)) {
+      co_return InternalError("all-gather \"" + name + "\" returned " + std::to_string(all->size()) +
+                              " parts for " + std::to_string(options_.multihost.process_count) + " processes");
+    }
+    if (all.ok() || all.status().code() != StatusCode::kUnimplemented || !remote_) co_return all;
+    exchange_through_remote_ = true;  // a barrier that can only wait: from now on, through the remote tier
   }
+  co_return co_await ExchangeThroughRemote(std::move(name), std::move(bytes));
+}
+
+Task<Result<std::vector<std::string>>> ManagerImpl::ExchangeThroughRemote(std::string name, std::string bytes) {
+  const Options::MultiHost& mh = options_.multihost;
+  std::unique_ptr<storage::CheckpointWriter> mine;
+  Task<Status> put = remote_->PutExchange(name, mh.process_index, std::move(bytes), &mine);
+  Status s = co_await runtime::OnLoop(remote_->loop(), std::move(put));
+  // Every process reaches both barriers, so that a failure here stops none
+  // of the others short of its timeout.
+  Status written = co_await BarrierWait(name + " (written)");
+  if (s.ok()) s = written;
+  Result<std::vector<std::string>> all = s;
+  if (s.ok()) {
+    Task<Result<std::vector<std::string>>> get = remote_->GetExchange(name, mh.process_count);
+    all = co_await runtime::OnLoop(remote_->loop(), std::move(get));
+  }
+  Status read = co_await BarrierWait(name + " (read)");
+  if (mine) {  // its file goes once every process has read it
+    Task<Status> drop = remote_->DropExchange(std::move(mine));
+    Status dropped = co_await runtime::OnLoop(remote_->loop(), std::move(drop));
+    dropped.IgnoreError();  // left for the next exchange of the name to overwrite
+  }
+  if (all.ok() && !read.ok()) co_return read;
   co_return all;
+}
+
+namespace {
+
+// Where the processes swap bytes through the remote tier: a name no step
+// has, its files "<name, as a plain file name>.p00003".
+constexpr const char* kExchangeDir = ".ckptio-exchange";
+
+std::string ExchangeFile(const std::string& name, int process) {
+  std::string file;
+  for (char c : name) file += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  char p[16];
+  std::snprintf(p, sizeof p, ".p%05d", process);
+  return file + p;
+}
+
+}  // namespace
+
+Task<Status> ManagerImpl::PutExchange(std::string name, int process, std::string bytes,
+                                      std::unique_ptr<storage::CheckpointWriter>* writer) {
+  CO_ASSIGN_OR_RETURN(*writer, co_await storage_->StartCheckpoint(kExchangeDir, /*replace=*/false, /*shared=*/true));
+  co_return co_await (*writer)->WriteSmall(ExchangeFile(name, process), std::move(bytes));
+}
+
+Task<Result<std::vector<std::string>>> ManagerImpl::GetExchange(std::string name, int count) {
+  CO_ASSIGN_OR_RETURN(std::unique_ptr<storage::CheckpointWriter> reader,
+                      co_await storage_->StartCheckpoint(kExchangeDir, /*replace=*/false, /*shared=*/true));
+  std::vector<Task<Result<std::string>>> reads;
+  for (int p = 0; p < count; ++p) reads.push_back(reader->ReadSmall(ExchangeFile(name, p), format::kMaxManifestBytes));
+  std::vector<Result<std::string>> got = co_await WhenAll(std::move(reads));
+  std::vector<std::string> out;
+  for (int p = 0; p < count; ++p) {
+    if (!got[p].ok()) {
+      co_return std::move(got[p]).status().WithContext("process " + std::to_string(p) + "'s part of \"" + name +
+                                                       "\" in " + root_ + "/" + kExchangeDir);
+    }
+    out.push_back(std::move(got[p]).value());
+  }
+  co_return out;
+}
+
+Task<Status> ManagerImpl::DropExchange(std::unique_ptr<storage::CheckpointWriter> writer) {
+  co_return co_await writer->Abort();  // shared: its own files only
 }
 
 Task<Status> ManagerImpl::AgreeOnLocalSteps(Status opened) {
@@ -89,9 +161,10 @@ Task<Status> ManagerImpl::AgreeOnLocalSteps(Status opened) {
       co_return InvalidArgumentError(
           "two tiers in a multi-host job (tiers.remote with multihost.process_count " +
           std::to_string(mh.process_count) +
-          "): the processes swap their parts of each manifest, and the barrier given to Open cannot exchange "
-          "bytes (" + all.status().message() + "). Use MpiBarrier(), jax.distributed (Python), or a "
-          "CallbackBarrier with an all-gather function");
+          "): the processes swap their parts of each manifest, which the storage-only fallback cannot order "
+          "(" + all.status().message() + "). Give Open a barrier: MpiBarrier(), jax.distributed or "
+          "torch.distributed (Python), or a CallbackBarrier (with an all-gather function, or without: the "
+          "parts then go through the remote tier)");
     }
     co_return std::move(all).status().WithContext("cannot open " + root_ + " as the local tier of process " +
                                                   std::to_string(mh.process_index));

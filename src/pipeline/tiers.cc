@@ -118,7 +118,11 @@ Status ManagerImpl::OpenRemoteTier(bool read_only) {
   if (!opened.ok()) return opened.status().WithContext("cannot open the remote tier");
   remote_ = std::move(opened).value();
   remote_files_ = MakeRemoteFiles(remote_->storage_.get(), &remote_->loop(), &bytes_read_remote_);
-  if (read_only) return Status::Ok();
+  return Status::Ok();
+}
+
+void ManagerImpl::StartReplicator() {
+  if (!remote_) return;
   // Catch up: local steps newer than the remote tier's newest (a restart
   // after a crash or a shutdown with copies pending). On hosts of their own,
   // the steps every host holds: the others can never be completed there.
@@ -132,7 +136,6 @@ Status ManagerImpl::OpenRemoteTier(bool read_only) {
     if (!newest_local || *newest_remote > *newest_local) seed_step_ = *newest_remote;
   }
   replicator_ = std::thread([this] { ReplicatorMain(); });
-  return Status::Ok();
 }
 
 void ManagerImpl::EnqueueReplication(int64_t step) {

@@ -256,14 +256,41 @@ TEST_CASE("a host that cannot copy its part: the step is not committed remotely 
   for (int p = 0; p < 2; ++p) CheckRestores(*pod[p], p, 2, 2);
 }
 
-TEST_CASE("a barrier that cannot exchange bytes is refused at open, naming what to use") {
+TEST_CASE("with a barrier that can only wait, the hosts swap their parts through the remote tier") {
   testing::TempDir dir;
-  Options o = PodOptions(dir / "remote", 0, 2);
-  o.multihost.timeout = std::chrono::milliseconds(2000);
-  auto m = CheckpointManager::Open(HostRoot(dir, 0), o, testing::InProcessBarrier(1));
+  std::vector<std::unique_ptr<CheckpointManager>> pod;
+  {
+    auto barrier = testing::InProcessBarrier(2);
+    std::vector<std::optional<Result<std::unique_ptr<CheckpointManager>>>> opened(2);
+    std::vector<std::thread> threads;
+    for (int p = 0; p < 2; ++p) {
+      threads.emplace_back([&opened, &dir, &barrier, p] {
+        opened[p].emplace(CheckpointManager::Open(HostRoot(dir, p), PodOptions(dir / "remote", p, 2), barrier));
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int p = 0; p < 2; ++p) {
+      REQUIRE_MESSAGE(opened[p]->ok(), opened[p]->status().ToString());
+      pod.push_back(std::move(*opened[p]).value());
+    }
+  }
+  for (int64_t step = 1; step <= 2; ++step) {
+    for (const Status& s : SaveAll(pod, step)) CHECK_MESSAGE(s.ok(), s.ToString());
+  }
+  for (auto& m : pod) CHECK(m->WaitUntilFinished(CheckpointManager::Tier::kRemote).ok());
+  CHECK(testing::ReadWholeFile(HostRoot(dir, 0) + "/checkpoint_2/manifest.json") ==
+        testing::ReadWholeFile(HostRoot(dir, 1) + "/checkpoint_2/manifest.json"));
+  for (int p = 0; p < 2; ++p) CheckRestores(*pod[p], p, 2, 2);
+  // Each process removed its part once all had read it.
+  CHECK(fs::is_empty(dir / "remote/.ckptio-exchange.tmp-shared"));
+}
+
+TEST_CASE("the storage-only fallback cannot order the swaps: refused at open, naming what to give") {
+  testing::TempDir dir;
+  auto m = CheckpointManager::Open(HostRoot(dir, 0), PodOptions(dir / "remote", 0, 2), nullptr);
   REQUIRE_FALSE(m.ok());
   CHECK(m.status().code() == StatusCode::kInvalidArgument);
-  CHECK(m.status().message().find("cannot exchange bytes") != std::string::npos);
+  CHECK(m.status().message().find("storage-only fallback cannot order") != std::string::npos);
   CHECK(m.status().message().find("MpiBarrier()") != std::string::npos);
 }
 
