@@ -189,7 +189,8 @@ Task<Status> ManagerImpl::TakeFromRemote(int64_t step, OpenedCheckpoint* c, std:
                             " more) is held by another host's local tier" +
                             (remote_ ? ", and the remote tier " + remote_->root() + " has no step " +
                                            std::to_string(step)
-                                     : std::string()));
+                                     : " (this is one host's part of a multi-host step: read it with the "
+                                       "remote tier set, tiers.remote, or from the remote tier itself)"));
   }
   CO_ASSIGN_OR_RETURN(std::string bytes,
                       co_await remote_files_->ReadSmallFile(name, "manifest.json", format::kMaxManifestBytes));
