@@ -345,6 +345,10 @@ class ManagerImpl {
   // commits the step (CommitCopy). The others are done once theirs is there.
   Task<Status> CommitParts(storage::CheckpointWriter* writer, Status written, format::Manifest whole,
                            format::Manifest own, uint64_t bytes, Clock::duration took);
+  // On the remote tier's manager, for a process but 0 whose part of `step`
+  // is there: waits (polling, up to multihost.timeout) until process 0 has
+  // committed the step, or a newer one (this one pruned or skipped since).
+  Task<Status> AwaitCopyCommitted(int64_t step);
   // Leaves a fragment that says this process could not copy step `step`.
   Task<Status> ReportFailedPart(int64_t step, Status failure);
   // The oldest queued step (not one kept forever) once `queued` steps wait

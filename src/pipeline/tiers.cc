@@ -13,6 +13,7 @@
 #include "pipeline/host_part.h"
 #include "pipeline/manager_impl.h"
 #include "pipeline/replication_journal.h"
+#include "runtime/io_ops.h"
 #include "runtime/when_all.h"
 
 namespace ckptio::pipeline {
@@ -202,12 +203,13 @@ void ManagerImpl::ApplyReplicationSkips(const std::vector<int64_t>& steps) {
   {
     std::lock_guard lock(mu_);
     for (int64_t step : steps) {
+      // Counted as on process 0, whether this host had sent its part yet or not.
+      ++stats_.replications_skipped;
       skipped_remote_.insert(step);
       awaiting_remote_commit_.erase(step);
       auto it = std::find(replication_queue_.begin(), replication_queue_.end(), step);
       if (it == replication_queue_.end()) continue;
       replication_queue_.erase(it);
-      ++stats_.replications_skipped;
       dropped.push_back(step);
     }
   }
@@ -306,7 +308,7 @@ Status ManagerImpl::WaitUntilReplicated() {
   // Another host's copies: this host's parts are sent; each counts once
   // process 0 has committed its step there.
   for (int64_t step : awaiting) {
-    Status committed = remote_->loop().BlockOn(remote_->AwaitCommit(step));
+    Status committed = remote_->loop().BlockOn(remote_->AwaitCopyCommitted(step));
     if (committed.ok()) {
       std::lock_guard lock(mu_);
       awaiting_remote_commit_.erase(step);
@@ -457,6 +459,28 @@ Task<Status> ManagerImpl::CommitCopy(storage::CheckpointWriter* writer, Status w
   refs_[step] = std::move(refs);
   if (!owns_root()) co_return Status::Ok();
   co_return co_await PruneNow();
+}
+
+Task<Status> ManagerImpl::AwaitCopyCommitted(int64_t step) {
+  const auto deadline = Clock::now() + options_.multihost.timeout;
+  PollBackoff backoff(options_.multihost.process_count, std::chrono::milliseconds(100));
+  for (;;) {
+    auto bytes = co_await storage_->ReadSmallFile(StepName(step), "manifest.json", format::kMaxManifestBytes);
+    if (bytes.ok()) co_return Status::Ok();
+    if (bytes.status().code() != StatusCode::kNotFound) co_return bytes.status();
+    // Committed and pruned since (remote_keep), or skipped: a newer step is.
+    CO_TRY(co_await Refresh(/*remove_debris=*/false));
+    {
+      std::lock_guard lock(mu_);
+      if (committed_.upper_bound(step) != committed_.end()) co_return Status::Ok();
+    }
+    if (Clock::now() >= deadline) {
+      co_return UnavailableError("step " + std::to_string(step) + " was not committed by process 0 within " +
+                                 std::to_string(options_.multihost.timeout.count()) + " ms (its log says why)");
+    }
+    Status slept = co_await loop().Sleep(backoff.Next(deadline));
+    slept.IgnoreError();
+  }
 }
 
 Task<Status> ManagerImpl::ReportFailedPart(int64_t step, Status failure) {

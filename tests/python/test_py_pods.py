@@ -53,7 +53,7 @@ def manager():
     return ckptio.CheckpointManager(roots["local"][index], keep=3, incremental=True, staging_memory="32MiB",
                                     threads=2, gcs={"chunk_size": "256KiB"},
                                     multihost={"timeout": roots.get("timeout", "60s")},
-                                    tiers={"remote": roots["remote"], "remote_keep": 5})
+                                    tiers={"remote": roots["remote"], "remote_keep": roots.get("remote_keep", 5)})
 
 def check(mgr, step, on=None):
     # `on`: another mesh, (2, 4), every array P("b", "a"): each process needs rows another one saved.
@@ -82,6 +82,13 @@ elif mode in ("restore", "restore-other-mesh"):
         step = mgr.latest_step()
         check(mgr, step, on="other" if mode == "restore-other-mesh" else None)
         print(index, "restored", step, "stats", json.dumps(mgr.stats()), flush=True)
+elif mode == "skips":  # process 0's first copy is held by the proxy while the steps commit locally
+    with manager() as mgr:
+        for step in roots["steps"]:
+            mgr.save(step, state(step)).wait()
+        print(index, "saved", flush=True)
+        mgr.wait_until_finished(tier="remote")
+        print(index, "stats", json.dumps(mgr.stats()), "remote", mgr.all_steps(tier="remote"), flush=True)
 elif mode == "save-held":  # the copy is held by the proxy: killed by the test while it waits
     mgr = manager()
     mgr.save(roots["steps"][0], state(roots["steps"][0]))
@@ -242,3 +249,34 @@ def test_a_pod_killed_mid_copy_keeps_the_remote_tier_and_the_next_run_sends_only
     assert blobs[f"pod/checkpoint_2/{shard}"].download_as_bytes() == open(f"{local[0]}/checkpoint_2/{shard}",
                                                                            "rb").read()
     assert stats_of(outs[0])["bytes_resumed"] == acknowledged
+
+
+def test_copies_that_fall_behind_are_skipped_alike_on_every_host(tmp_path, pod_env, gcs_proxy, gcs_bucket):
+    local = [str(tmp_path / f"host{i}") for i in range(2)]
+    roots = {"local": local, "remote": f"gs://{gcs_bucket}/pod", "steps": [1, 2, 3, 4, 5], "remote_keep": 1}
+    # Process 0's upload of step 1 waits at the proxy while steps 2-5 commit locally: its queue
+    # outgrows remote_keep + 1, so it skips the oldest waiting steps (2 at step 4, 3 at step 5)
+    # and tells process 1, which may have sent its parts of them already.
+    gcs_proxy.set_rules([{"id": "hold", "method": "POST", "path": "checkpoint_1%2Fshard-p00000", "times": 1,
+                          "hold": "leader"}])
+    procs = start_job(2, "skips", roots, pod_env)
+    outs = ["", ""]
+    try:
+        for i, p in enumerate(procs):
+            for line in p.stdout:
+                outs[i] += line
+                if f"{i} saved" in line:
+                    break
+        assert next(r for r in gcs_proxy.rules() if r["id"] == "hold")["fired"] == 1
+        gcs_proxy.release("leader")
+        for i, p in enumerate(procs):
+            outs[i] += p.communicate(timeout=300)[0]
+    finally:
+        for p in procs:
+            p.kill()
+    for i, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"{i} done" in out, out
+    skipped = [stats_of(out)["replications_skipped"] for out in outs]
+    assert skipped == [2, 2], outs
+    remote = [re.search(r"remote (\[.*\])", out).group(1) for out in outs]
+    assert remote[0] == remote[1] == "[5]", outs  # remote_keep 1; steps 1, 4, 5 were copied
