@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import free_port
+from conftest import free_port, run_processes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -114,17 +114,11 @@ def start_job(count, mode, roots, env):
 
 
 def run_job(count, mode, roots, env, timeout=300):
-    procs = start_job(count, mode, roots, env)
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            p.kill()
-    for i, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and f"{i} done" in out, f"process {i} of {count} ({mode}):\n{out}"
-    return outs
+    env = dict(env, XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // count}")
+    results = run_processes(CHILD, count, [count, mode, json.dumps(roots)], env, timeout)
+    for i, (returncode, out) in enumerate(results):
+        assert returncode == 0 and f"{i} done" in out, f"process {i} of {count} ({mode}):\n{out}"
+    return [out for _, out in results]
 
 
 def stats_of(out):
