@@ -259,10 +259,11 @@ class ManagerImpl {
   // local tier and the others from the remote tier; with `held_only`, the
   // step is what this host holds, nothing more (tiered_read.cc).
   Task<Result<OpenedCheckpoint>> OpenStep(int64_t step, TensorFilter filter = {}, bool held_only = false);
-  // The tensors a per-host step's reader takes from elsewhere than this
-  // tier, from the remote tier; see OpenStep.
-  Task<Status> TakeFromRemote(int64_t step, OpenedCheckpoint* c, std::vector<bool>* local_shard,
-                              const std::vector<size_t>& wanted);
+  // Points the `wanted` tensors of `c` (a per-host step) into the remote
+  // tier's files, as its manifest `remote` (null: it lacks the step) places
+  // them; see OpenStep.
+  Status TakeFromRemote(int64_t step, const format::Manifest* remote, OpenedCheckpoint* c,
+                        std::vector<bool>* local_shard, const std::vector<size_t>& wanted);
   Task<Result<RestoredCheckpoint>> RestoreTask(int64_t step, const ProgressFn* progress);
   Task<Status> RestoreIntoTask(int64_t step, std::span<const MutableTensorRef> tensors);
   Task<Status> RestoreSlicesTask(int64_t step, std::span<const TensorSlice> slices);

@@ -4,6 +4,7 @@
 // process's files: a replaced host, another process count or mesh) from the
 // remote tier, with ranged reads.
 
+#include <optional>
 #include <unordered_map>
 
 #include "base/status_macros.h"
@@ -150,6 +151,21 @@ Task<Result<OpenedCheckpoint>> ManagerImpl::OpenStep(int64_t step, TensorFilter 
     CO_TRY(co_await OpenShards(&c, std::move(sources), /*subset=*/false));
     co_return std::move(c);
   }
+  // A verified copy of the step: where the remote tier has the step too, its
+  // manifest says what this one does (else this host's files belong to
+  // another save of the step, and the whole step is read there).
+  std::optional<format::Manifest> remote_manifest;
+  const std::vector<int64_t> remote_steps = remote_ ? remote_->AllSteps() : std::vector<int64_t>();
+  if (remote_files_ != nullptr && std::binary_search(remote_steps.begin(), remote_steps.end(), step)) {
+    CO_ASSIGN_OR_RETURN(std::string bytes,
+                        co_await remote_files_->ReadSmallFile(name, "manifest.json", format::kMaxManifestBytes));
+    const std::string remote_path = remote_->root() + "/" + name;
+    CO_ASSIGN_OR_RETURN(remote_manifest, format::ParseManifest(remote_path + "/manifest.json", bytes));
+    if (!SameTensors(c.manifest, *remote_manifest)) {
+      co_return CorruptionError(c.path + "/manifest.json: differs from " + remote_path +
+                                "/manifest.json (another save of step " + std::to_string(step) + ")");
+    }
+  }
   std::vector<bool> local_shard(c.manifest.shards.size());
   for (size_t i = 0; i < local_shard.size(); ++i) local_shard[i] = FileOwner(c.manifest.shards[i].name) == owner;
   std::unordered_map<std::string_view, const format::ManifestTensor*> copies;
@@ -169,7 +185,9 @@ Task<Result<OpenedCheckpoint>> ManagerImpl::OpenStep(int64_t step, TensorFilter 
       elsewhere.push_back(i);
     }
   }
-  if (!elsewhere.empty()) CO_TRY(co_await TakeFromRemote(step, &c, &local_shard, elsewhere));
+  if (!elsewhere.empty()) {
+    CO_TRY(TakeFromRemote(step, remote_manifest ? &*remote_manifest : nullptr, &c, &local_shard, elsewhere));
+  }
   sources.assign(c.manifest.shards.size(), nullptr);
   for (size_t i = 0; i < c.manifest.tensors.size(); ++i) {
     const uint32_t shard = c.manifest.tensors[i].shard;
@@ -179,29 +197,18 @@ Task<Result<OpenedCheckpoint>> ManagerImpl::OpenStep(int64_t step, TensorFilter 
   co_return std::move(c);
 }
 
-Task<Status> ManagerImpl::TakeFromRemote(int64_t step, OpenedCheckpoint* c, std::vector<bool>* local_shard,
-                                         const std::vector<size_t>& wanted) {
-  const std::string name = StepName(step);
+Status ManagerImpl::TakeFromRemote(int64_t step, const format::Manifest* remote, OpenedCheckpoint* c,
+                                   std::vector<bool>* local_shard, const std::vector<size_t>& wanted) {
   const std::string& tensor = c->manifest.tensors[wanted.front()].name;
-  const std::vector<int64_t> remote_steps = remote_ ? remote_->AllSteps() : std::vector<int64_t>();
-  if (remote_files_ == nullptr || !std::binary_search(remote_steps.begin(), remote_steps.end(), step)) {
-    co_return NotFoundError(c->path + ": tensor \"" + tensor + "\" (and " + std::to_string(wanted.size() - 1) +
-                            " more) is held by another host's local tier" +
-                            (remote_ ? ", and the remote tier " + remote_->root() + " has no step " +
-                                           std::to_string(step)
-                                     : " (this is one host's part of a multi-host step: read it with the "
-                                       "remote tier set, tiers.remote, or from the remote tier itself)"));
+  if (remote == nullptr) {
+    return NotFoundError(c->path + ": tensor \"" + tensor + "\" (and " + std::to_string(wanted.size() - 1) +
+                         " more) is held by another host's local tier" +
+                         (remote_ ? ", and the remote tier " + remote_->root() + " has no step " +
+                                        std::to_string(step)
+                                  : " (this is one host's part of a multi-host step: read it with the "
+                                    "remote tier set, tiers.remote, or from the remote tier itself)"));
   }
-  CO_ASSIGN_OR_RETURN(std::string bytes,
-                      co_await remote_files_->ReadSmallFile(name, "manifest.json", format::kMaxManifestBytes));
-  const std::string remote_path = remote_->root() + "/" + name;
-  CO_ASSIGN_OR_RETURN(format::Manifest r, format::ParseManifest(remote_path + "/manifest.json", bytes));
-  // The local copy of the manifest must be the remote tier's: else this
-  // host's files belong to another save of the step.
-  if (!SameTensors(c->manifest, r)) {
-    co_return CorruptionError(c->path + "/manifest.json: differs from " + remote_path +
-                              "/manifest.json (another save of step " + std::to_string(step) + ")");
-  }
+  const format::Manifest& r = *remote;
   std::unordered_map<std::string_view, size_t> by_name;
   for (size_t i = 0; i < r.tensors.size(); ++i) by_name.emplace(r.tensors[i].name, i);
   std::unordered_map<uint32_t, uint32_t> shard_of;  // r's shard -> c's
@@ -225,7 +232,7 @@ Task<Status> ManagerImpl::TakeFromRemote(int64_t step, OpenedCheckpoint* c, std:
                  static_cast<long long>(step), wanted.size(), FormatBytes(bytes_there).c_str(), tensor.c_str(),
                  root_.c_str(), remote_->root().c_str());
   }
-  co_return Status::Ok();
+  return Status::Ok();
 }
 
 }  // namespace ckptio::pipeline

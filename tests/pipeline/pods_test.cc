@@ -236,6 +236,27 @@ TEST_CASE("a host whose local tier is gone reads from the remote tier while the 
   CHECK(fs::exists(HostRoot(dir, 1) + "/checkpoint_2/local-part.json"));
 }
 
+TEST_CASE("a local copy whose manifest differs from the remote tier's is not trusted: the step is read remotely") {
+  testing::TempDir dir;
+  {
+    auto pod = OpenPod(dir, 2);
+    for (const Status& s : SaveAll(pod, 1)) CHECK(s.ok());
+    for (auto& m : pod) CHECK(m->WaitUntilFinished(CheckpointManager::Tier::kRemote).ok());
+  }
+  // Host 1's copy of the manifest now lists another CRC for a tensor of host 0's (as a save of
+  // the step whose copy never reached the remote tier would).
+  const std::string path = HostRoot(dir, 1) + "/checkpoint_1/manifest.json";
+  std::string manifest = testing::ReadWholeFile(path);
+  const std::string key = "\"name\":\"base@0,0\"";
+  const size_t at = manifest.find("\"crc32c\":\"", manifest.find(key)) + 10;
+  manifest[at] = manifest[at] == '0' ? '1' : '0';
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << manifest;
+  auto pod = OpenPod(dir, 2);
+  for (int p = 0; p < 2; ++p) CheckRestores(*pod[p], p, 2, 1);
+  CHECK(pod[0]->stats().bytes_read_remote == 0);
+  CHECK(pod[1]->stats().bytes_read_remote >= (kBaseRows + kLoraRows + kSharedRows) * kCols * 4);
+}
+
 TEST_CASE("a host that cannot copy its part: the step is not committed remotely and the error names the host") {
   testing::TempDir dir;
   auto pod = OpenPod(dir, 2);
