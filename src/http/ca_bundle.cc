@@ -43,4 +43,21 @@ const std::string& SystemCaBundle() {
   return kFound;
 }
 
+std::string DescribeLibcurl() {
+  const curl_version_info_data* v = curl_version_info(CURLVERSION_NOW);
+  std::string out = curl_version();
+  out += "; protocols:";
+  for (const char* const* p = v->protocols; p != nullptr && *p != nullptr; ++p) out += std::string(" ") + *p;
+  out += "; CA: ";
+  const bool has_default = v->age >= CURLVERSION_NINTH && (v->cainfo != nullptr || v->capath != nullptr);
+  if (has_default) {
+    out += std::string(v->cainfo != nullptr ? v->cainfo : v->capath) + " (libcurl's default)";
+  } else if (!SystemCaBundle().empty()) {
+    out += SystemCaBundle();
+  } else {
+    out += "OpenSSL's default paths (SSL_CERT_FILE, SSL_CERT_DIR)";
+  }
+  return out;
+}
+
 }  // namespace ckptio::http

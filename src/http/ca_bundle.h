@@ -36,4 +36,9 @@ std::string FindCaBundle(const CaLookup& lookup);
 // well-known places. Looked up once, on the first call.
 const std::string& SystemCaBundle();
 
+// One line for `ckptio --version` and bug reports: the libcurl in use, its TLS
+// and HTTP/2 libraries, its protocols and which CA certificates https trusts:
+// "libcurl/7.88.1 OpenSSL/3.0.22 nghttp2/1.52.0; protocols: http https; CA: /etc/ssl/...".
+std::string DescribeLibcurl();
+
 }  // namespace ckptio::http
