@@ -82,8 +82,9 @@ def installed(debian, wheel):
     t0 = time.monotonic()
     debian.run(f"{VENV}/bin/pip", "install", "-q", f"/data/{wheel.name}", env=pip_env(debian))
     timing["pip_install_s"] = time.monotonic() - t0
-    from scripts import FIRST_SAVE
-    (debian.data_host / "first_save.py").write_text(FIRST_SAVE)
+    from scripts import FIRST_SAVE, RESTORE, SAVE
+    for name, text in (("first_save.py", FIRST_SAVE), ("save.py", SAVE), ("restore.py", RESTORE)):
+        (debian.data_host / name).write_text(text)
     t1 = time.monotonic()
     out = debian.run(f"{VENV}/bin/python", "/data/first_save.py", "/data/first-save").stdout
     timing["python_first_save_s"] = time.monotonic() - t1

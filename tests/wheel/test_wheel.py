@@ -13,9 +13,10 @@ import zipfile
 import pytest
 
 from conftest import VENV, pip_env
-from scripts import RESTORE, SAVE
 
 PLATFORM = "manylinux_2_31_x86_64"
+# A name only the https proxy can resolve (test_behind_an_https_proxy...).
+PROXIED_HOST = "gcs.ckptio.test"
 # What the binaries may need from the system: glibc's libraries, libgcc_s (manylinux's policy
 # lists them all), the kernel's vDSO, the dynamic loader. libstdc++ is linked in.
 SYSTEM_LIBRARIES = {"linux-vdso.so.1", "libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1",
@@ -117,8 +118,6 @@ def test_ldd_names_nothing_but_glibc_libgcc_and_the_vdso(debian, installed):
 
 
 def test_save_restore_verify_with_the_python_api(debian, installed):
-    (debian.data_host / "save.py").write_text(SAVE)
-    (debian.data_host / "restore.py").write_text(RESTORE)
     out = json.loads(debian.run(f"{VENV}/bin/python", "/data/save.py", "/data/ckpt", "1,2,3,4", "2").stdout)
     assert out["all_steps"] == [3, 4] and out["latest"] == 4
     assert out["verify"]["step"] == 4 and out["verify"]["tensors"] == 6 and out["verify"]["bytes_read"] > 1_000_000
@@ -162,7 +161,7 @@ def https_gcs(tmp_path_factory, debian, installed):
     from testbed import GcsTestbed
     from tls import TestCa
 
-    ca = TestCa(tmp_path_factory.mktemp("tls"))
+    ca = TestCa(tmp_path_factory.mktemp("tls"), hosts=("localhost", "127.0.0.1", PROXIED_HOST))
     with GcsTestbed() as tb:
         proxy = FaultProxy(tb.emulator.url, tls=ca.server_context(), token_validator=tb.registry.is_valid)
         proxy.start()
@@ -240,6 +239,25 @@ def test_rhels_bundle_location_is_found_too(debian, https_gcs):
         assert re.findall(r"^step (\d+) ", listed, re.M) == ["5", "6"], listed
     finally:
         os.rename(rhel_bundle, debian_bundle)
+
+
+def test_behind_an_https_proxy_everything_goes_through_its_tunnel(debian, https_gcs):
+    from connect_proxy import ConnectProxy
+
+    tb, proxy, _, env = https_gcs
+    (debian.data_host / "gcs-proxied.json").write_text(json.dumps({"gcs": {
+        "endpoint": f"https://{PROXIED_HOST}:{proxy.port}", "chunk_size": "256KiB"}}))
+    root = f"gs://{tb.bucket}/run-proxied"
+    with ConnectProxy(resolve={PROXIED_HOST: "127.0.0.1"}) as tunnel:
+        # https_proxy as a user sets it; the token endpoint is plain http on 127.0.0.1: direct.
+        proxied = dict(env, CKPTIO_CONFIG="/data/gcs-proxied.json", https_proxy=tunnel.url)
+        out = json.loads(debian.run(f"{VENV}/bin/python", "/data/save.py", root, "7", "1", env=proxied).stdout)
+        assert out["all_steps"] == [7] and out["leaves_checked"] == 6
+        listed = debian.run(f"{VENV}/bin/ckptio", "ls", root, env=proxied).stdout
+        assert re.findall(r"^step (\d+) ", listed, re.M) == ["7"], listed
+    # The root cannot resolve the name: only the proxy's tunnels reached the server.
+    assert tunnel.tunnels and set(tunnel.tunnels) == {f"{PROXIED_HOST}:{proxy.port}"}
+    assert _anonymous_client(tb).bucket(tb.bucket).blob("run-proxied/checkpoint_7/manifest.json").exists()
 
 
 # ----------------------------------------------------------------------------- the sdist
