@@ -11,6 +11,9 @@
 #   make test-tsan  only the ThreadSanitizer part
 #   make bench   the benchmarks; tables go to bench/results/
 #   make build   just build (build/)
+#   make wheel   the wheel for PyPI (manylinux_2_31, cp311) and the sdist, in build-wheel/
+#   make test-wheel  the wheel and the sdist installed into a Debian root without the build's
+#                packages (tests/wheel); not part of make test, .ci/run runs it
 
 SHELL := /bin/bash
 BUILD ?= build
@@ -35,7 +38,8 @@ APT_PACKAGES := g++ make meson ninja-build pkg-config cmake python3 python3-venv
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: all deps build build-asan build-tsan build-fuzz demo test test-tsan fuzz bench clean venv venv-bench
+.PHONY: all deps build build-asan build-tsan build-fuzz demo test test-tsan fuzz bench clean venv venv-bench \
+  wheel wheel-root test-wheel
 
 all: build
 
@@ -201,6 +205,41 @@ bench: build venv venv-bench
 	rm -rf bench/results/tmp; \
 	echo "make bench: $$((SECONDS - start)) s in all; load average $$(cut -d' ' -f1-3 /proc/loadavg)" >&2; \
 	cat bench/results/tools.md; exit $$rc
+
+# The wheel (packaging/README.md): packaging/build-deps.sh makes a glibc 2.31 sysroot and the
+# static libraries (curl for HTTP(S) only, nghttp2, ISA-L; OpenSSL and liburing from Debian's
+# archives) once into $(WHEEL_DIR)/deps; packaging/build-wheel.sh builds with meson-python
+# against them and has auditwheel check and tag the result. WHEEL_PYTHON picks the Python
+# (cp311 here). The sources come from Debian's archive (a private apt configuration).
+WHEEL_DIR ?= build-wheel
+WHEEL_PYTHON ?= python3
+WHEEL_APT_PACKAGES := nasm dpkg-dev debootstrap binutils
+wheel: deps
+	@.ci/ensure-deps.sh $(WHEEL_APT_PACKAGES)
+	packaging/build-wheel.sh --dir $(WHEEL_DIR) --python $(WHEEL_PYTHON)
+
+# The Debian root (tests/wheel/make_root.sh: debootstrap, about 2 minutes, mostly downloads) is
+# made while the wheel compiles (unless `make wheel-root` made it before: .ci/run does, during
+# make test), and kept in $(WHEEL_DIR)/root-bookworm; the tests run on an overlay of it, as root
+# (mount, chroot), with the GCS emulator of .venv on the host.
+wheel-root:
+	@.ci/ensure-deps.sh $(WHEEL_APT_PACKAGES)
+	tests/wheel/make_root.sh $(WHEEL_DIR)/root-bookworm
+
+test-wheel: deps venv
+	@.ci/ensure-deps.sh $(WHEEL_APT_PACKAGES)
+	@mkdir -p $(WHEEL_DIR); start=$$SECONDS; \
+	tests/wheel/make_root.sh $(WHEEL_DIR)/root-bookworm > $(WHEEL_DIR)/make_root.log 2>&1 & root=$$!; \
+	if ! packaging/build-wheel.sh --dir $(WHEEL_DIR) --python $(WHEEL_PYTHON); then wait $$root; exit 1; fi; \
+	if ! wait $$root; then cat $(WHEEL_DIR)/make_root.log >&2; exit 1; fi; cat $(WHEEL_DIR)/make_root.log >&2; \
+	echo "make test-wheel: wheel and root ready after $$((SECONDS - start)) s" >&2; \
+	tag=$$($(WHEEL_PYTHON) -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")'); rc=0; \
+	CKPTIO_WHEEL=$$(ls $(WHEEL_DIR)/wheelhouse/ckptio-*-$$tag-$$tag-manylinux_*.whl) \
+	CKPTIO_SDIST=$$(ls $(WHEEL_DIR)/sdist/ckptio-*.tar.gz) CKPTIO_TEST_ROOT=$(CURDIR)/$(WHEEL_DIR)/root-bookworm \
+	CKPTIO_WHEEL_TOOLS=$(CURDIR)/$(WHEEL_DIR)/venv-$$tag/bin \
+	  $(PYTHON) -m pytest -q -s tests/wheel -p no:cacheprovider --junitxml=$(WHEEL_DIR)/pytest.xml || rc=1; \
+	echo "make test-wheel: $$((SECONDS - start)) s in all" >&2; \
+	python3 tests/tools/summarize.py --junit $(WHEEL_DIR)/pytest.xml || rc=1; exit $$rc
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(VENV)

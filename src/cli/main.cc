@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "http/ca_bundle.h"
 
 namespace ckptio::cli {
 namespace {
@@ -70,7 +71,7 @@ int Main(std::vector<std::string> args) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") return Help({});
     if (a == "--version") {
-      std::printf("ckptio %s\n", CKPTIO_VERSION);
+      std::printf("ckptio %s\n%s\n", CKPTIO_VERSION, http::DescribeLibcurl().c_str());
       return kExitOk;
     }
     if (a == "--config") {

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "base/status_macros.h"
+#include "http/ca_bundle.h"
 #include "runtime/io_ops.h"
 
 namespace ckptio::http {
@@ -459,7 +460,11 @@ Status HttpClient::Impl::Configure(Transfer* t) {
                    options_.http_version == "2"
                        ? (r.url.rfind("https:", 0) == 0 ? CURL_HTTP_VERSION_2TLS : CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE)
                        : CURL_HTTP_VERSION_1_1);
-  if (!options_.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, options_.ca_file.c_str());
+  if (!options_.ca_file.empty()) {
+    curl_easy_setopt(e, CURLOPT_CAINFO, options_.ca_file.c_str());
+  } else if (const std::string& system = SystemCaBundle(); !system.empty()) {
+    curl_easy_setopt(e, CURLOPT_CAINFO, system.c_str());  // a libcurl without a default of its own
+  }
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &Impl::OnWrite);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
   curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &Impl::OnHeader);

@@ -325,6 +325,8 @@ run help verify
 check "help COMMAND shows that command" eval 'rc_is 0 && out_has "^usage: ckptio verify ROOT"'
 run --version
 check "--version prints the version" eval 'rc_is 0 && out_has "^ckptio [0-9]+\.[0-9]+\.[0-9]+$"'
+check "--version names libcurl, its protocols and the CA certificates https trusts" \
+  eval 'out_has "^libcurl/[0-9.]+ .*OpenSSL/3.*; protocols: .*https.*; CA: /"'
 
 echo "== config"
 run config defaults

@@ -81,6 +81,7 @@ import json
 import re
 import signal
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -488,7 +489,9 @@ class FaultProxy:
     """The proxy. ``start()`` runs it on its own event loop thread; ``serve()`` is the coroutine."""
 
     def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 0,
-                 token_validator: Callable[[str], bool] | None = None):
+                 token_validator: Callable[[str], bool] | None = None, tls: ssl.SSLContext | None = None):
+        # tls: serve https with this server context (a TLS front like GCS's own; tls.py makes a test
+        # CA and certificate); the upstream stays plain http.
         u = urllib.parse.urlsplit(upstream)
         if u.scheme != "http" or not u.hostname:
             raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
@@ -496,6 +499,7 @@ class FaultProxy:
         self.upstream = upstream.rstrip("/")
         self.up_host, self.up_port = u.hostname, u.port or 80
         self.host, self.port = host, port
+        self.tls = tls
         self.state = ProxyState(token_validator)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -508,12 +512,16 @@ class FaultProxy:
     # ------------------------------------------------------------ lifecycle
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
 
     async def start_async(self):
         self._loop = asyncio.get_running_loop()
         self._server = await asyncio.start_server(self._client, self.host, self.port, limit=MAX_HEAD,
-                                                  reuse_address=True, backlog=256)
+                                                  reuse_address=True, backlog=256, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop_async(self):
@@ -1019,9 +1027,12 @@ class FaultProxy:
         # ---- relay the response
         out = Headers([(k, v) for k, v in rhead.items if k.lower() not in HOP_BY_HOP])
         loc = out.get("location")
+        client_host = headers.get("host") or f"{self.host}:{self.port}"
         if loc and loc.startswith(self.upstream):
-            client_host = headers.get("host") or f"{self.host}:{self.port}"
-            out.set("Location", f"http://{client_host}" + loc[len(self.upstream):])
+            out.set("Location", f"{self.scheme}://{client_host}" + loc[len(self.upstream):])
+        elif loc and self.tls is not None and loc.startswith(f"http://{client_host}/"):
+            # The emulator wrote the client's Host with its own scheme, plain http.
+            out.set("Location", "https" + loc[len("http"):])
         close_after = False
         cut = spec.get("cut_response_after")
         truncate = spec.get("truncate_response_body")

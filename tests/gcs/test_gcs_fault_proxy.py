@@ -563,3 +563,32 @@ def test_a_held_request_waits_for_its_release_then_goes_on(gcs_proxy, gcs_emulat
     assert answers and answers[0][0] == 200
     assert gcs_emulator.read("held", gcs_bucket) == b"held bytes"
     assert gcs_proxy.log()[0]["action"] == "hold"
+
+
+def test_with_tls_the_proxy_serves_https_and_session_uris_stay_https(gcs_emulator, gcs_bucket, tmp_path):
+    import ssl
+
+    from tls import TestCa
+
+    ca = TestCa(tmp_path / "tls")
+    with FaultProxy(gcs_emulator.url, tls=ca.server_context()) as proxy:
+        assert proxy.url == f"https://127.0.0.1:{proxy.port}"
+        conn = http.client.HTTPSConnection("127.0.0.1", proxy.port, timeout=60, context=ca.client_context())
+        conn.request("POST", f"/upload/storage/v1/b/{gcs_bucket}/o?uploadType=resumable&name=tls-obj", b"",
+                     {"Content-Length": "0", "Host": f"localhost:{proxy.port}"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 200
+        loc = urllib.parse.urlsplit(r.getheader("Location"))
+        assert (loc.scheme, loc.hostname, loc.port) == ("https", "localhost", proxy.port)
+        body = os.urandom(1000)
+        conn.request("PUT", f"{loc.path}?{loc.query}", body, {"Content-Range": "bytes 0-999/1000"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 200 and gcs_emulator.read("tls-obj", gcs_bucket) == body
+        # A client that trusts another CA refuses the server's certificate.
+        other = TestCa(tmp_path / "other")
+        with pytest.raises(ssl.SSLCertVerificationError):
+            stranger = http.client.HTTPSConnection("127.0.0.1", proxy.port, timeout=60,
+                                                   context=other.client_context())
+            stranger.request("GET", "/__proxy/health")

@@ -1,0 +1,38 @@
+"""`import ckptio` leaves ml_dtypes (0.8-1.0 s of CPU to import) until a bfloat16 or float8 array, or a
+restore, needs it; each check in a fresh interpreter, where nothing imported it before."""
+
+
+def test_import_and_a_float32_save_do_not_import_ml_dtypes_a_restore_does(run_python, tmp_path, small):
+    out = run_python(f"""
+        import sys, numpy as np, ckptio
+        assert "ml_dtypes" not in sys.modules
+        state = {{"w": np.arange(1000, dtype=np.float32), "step": np.int64(3)}}
+        with ckptio.CheckpointManager({str(tmp_path / "r")!r}, **{small!r}) as mgr:
+            mgr.save(1, state)
+            mgr.wait_until_finished()
+            assert "ml_dtypes" not in sys.modules, "a float32 save imported ml_dtypes"
+            back = mgr.restore()
+        assert "ml_dtypes" in sys.modules
+        assert back["w"].tobytes() == state["w"].tobytes() and back["w"].dtype == np.float32
+        print("ok")
+    """)
+    assert out.stdout.strip().splitlines()[-1] == "ok"
+
+
+def test_bfloat16_and_float8_arrays_save_when_ml_dtypes_is_imported_after_ckptio(run_python, tmp_path, small):
+    out = run_python(f"""
+        import numpy as np, ckptio
+        import ml_dtypes
+        rng = np.random.default_rng(5)
+        state = {{"bf": rng.standard_normal(300).astype(ml_dtypes.bfloat16),
+                  "e4": rng.standard_normal(64).astype(ml_dtypes.float8_e4m3fn),
+                  "e5": rng.standard_normal(64).astype(ml_dtypes.float8_e5m2)}}
+        with ckptio.CheckpointManager({str(tmp_path / "r")!r}, **{small!r}) as mgr:
+            mgr.save(1, state)
+            mgr.wait_until_finished()
+            back = mgr.restore()
+        for k in state:
+            assert back[k].dtype == state[k].dtype and back[k].tobytes() == state[k].tobytes(), k
+        print(sorted(str(back[k].dtype) for k in back))
+    """)
+    assert out.stdout.strip().splitlines()[-1] == "['bfloat16', 'float8_e4m3fn', 'float8_e5m2']"
