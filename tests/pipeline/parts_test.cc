@@ -15,6 +15,7 @@
 
 #include "ckptio/options.h"
 #include "format/crc32c.h"
+#include "pipeline/host_part.h"
 #include "pipeline/retention.h"
 #include "pipeline/save_plan.h"
 #include "pipeline/staging.h"
@@ -377,6 +378,52 @@ TEST_CASE("PlanSave refuses a negative step and a tensor with bytes but no data,
   auto plan = PlanSave(1, null_data, PlanOptions(kMiB));
   CHECK(plan.status().code() == StatusCode::kInvalidArgument);
   CHECK(plan.status().message() == "tensor \"w\": data is null but it holds 16 bytes");
+}
+
+}  // namespace
+}  // namespace ckptio::pipeline
+
+// ---- Multi-host files (host_part.h) ----------------------------------------
+
+namespace ckptio::pipeline {
+namespace {
+
+TEST_CASE("FileOwner reads a process's own file names, also as copied under another step's name") {
+  CHECK(FileOwner("shard-p00003-00000.safetensors") == 3);
+  CHECK(FileOwner("shard-p01024-00017.safetensors") == 1024);
+  CHECK(FileOwner("checkpoint_1.shard-p00012-00001.safetensors") == 12);
+  CHECK_FALSE(FileOwner("shard-00000.safetensors"));            // one process's
+  CHECK_FALSE(FileOwner("replica-p00003-00000.safetensors"));   // local copies belong to no process's part
+  CHECK_FALSE(FileOwner("shard-p0003-00000.safetensors"));      // four digits
+  CHECK_FALSE(FileOwner("shard-p00003x00000.safetensors"));
+  CHECK_FALSE(FileOwner("shard-p00003"));
+  CHECK(IsLocalCopyFile("replica-p00003-00000.safetensors"));
+  CHECK_FALSE(IsLocalCopyFile("shard-p00003-00000.safetensors"));
+}
+
+TEST_CASE("PlanSave puts local copies in replica files of their own, after the process's own files") {
+  Options o;
+  o.shard_size = 1 << 20;
+  o.multihost.process_index = 3;
+  o.multihost.process_count = 4;
+  o.tiers.remote = "gs://b/run";
+  std::vector<std::vector<std::byte>> data;
+  std::vector<TensorRef> refs;
+  for (int i = 0; i < 4; ++i) {
+    data.emplace_back(4096);
+    refs.push_back({"t" + std::to_string(i), DType::kU8, {4096}, data.back().data()});
+    refs.back().local_copy = i % 2 == 1;
+  }
+  auto plan = PlanSave(7, refs, o);
+  REQUIRE_MESSAGE(plan.ok(), plan.status().ToString());
+  REQUIRE(plan->shards.size() == 2);
+  CHECK(plan->shards[0].name == "shard-p00003-00000.safetensors");
+  CHECK(plan->shards[1].name == "replica-p00003-00000.safetensors");
+  std::vector<size_t> own, copies;
+  for (const format::PlannedTensor& t : plan->shards[0].tensors) own.push_back(t.index);
+  for (const format::PlannedTensor& t : plan->shards[1].tensors) copies.push_back(t.index);
+  CHECK(own == std::vector<size_t>{0, 2});
+  CHECK(copies == std::vector<size_t>{1, 3});
 }
 
 }  // namespace
