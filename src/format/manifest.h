@@ -150,8 +150,13 @@ Status CheckChunks(std::string_view file, const std::vector<ManifestTensor>& ten
 // bytes) agrees with the manifest: same file size, same set of tensors with
 // the same dtypes, shapes and absolute offsets (data_start + begin).
 // Corruption naming the shard and the tensor; InvalidArgument if shard_index
-// is out of range. With `subset` (or a shard of an earlier checkpoint), the
-// header may hold tensors the manifest does not place in this shard.
+// is out of range. With `subset` (or a shard of an earlier checkpoint, or its
+// copy under this step's name: IsCopyOfEarlierFile), the header may hold
+// tensors the manifest does not place in this shard.
+// Whether `name` is a file of an earlier step copied under this step's name
+// ("<that step>.<file>", e.g. "checkpoint_1.shard-00000.safetensors").
+bool IsCopyOfEarlierFile(std::string_view name);
+
 Status CheckShardMatchesManifest(const Manifest& manifest, size_t shard_index,
                                  const SafetensorsHeader& header, uint64_t file_size, bool subset = false);
 

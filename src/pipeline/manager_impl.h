@@ -22,6 +22,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -152,6 +153,19 @@ class ManagerImpl {
   ManagerImpl(storage::RootUrl url, Options options) : options_(std::move(options)), url_(std::move(url)), root_(url_.path) {}
   runtime::Loop& loop() { return loop_thread_->loop(); }
   std::string StepName(int64_t step) const { return options_.prefix + std::to_string(step); }
+  // The step a directory name is (StepName's inverse), if it is one.
+  std::optional<int64_t> StepOfName(std::string_view name) const {
+    const std::string& prefix = options_.prefix;
+    if (name.size() <= prefix.size() || name.size() > prefix.size() + 18 || name.substr(0, prefix.size()) != prefix) {
+      return std::nullopt;
+    }
+    int64_t step = 0;
+    for (char c : name.substr(prefix.size())) {
+      if (c < '0' || c > '9') return std::nullopt;
+      step = step * 10 + (c - '0');
+    }
+    return step;
+  }
 
   // ---- multi-host (multihost.cc) ----
   bool multihost() const { return options_.multihost.process_count > 1; }
@@ -338,8 +352,11 @@ class ManagerImpl {
   // commits it manifest last, and applies the remote retention.
   // In a multi-host job each process sends its own files and leaves its
   // fragment (CommitParts); a failure to read the manifest is reported too.
-  Task<Status> ReplicateTask(std::string source, int64_t step, Result<std::string> manifest);
-  Status Replicate(const std::string& source, int64_t step, Result<std::string> manifest);
+  // `sent`: the earlier steps this process has sent its part of and process
+  // 0 may not have committed yet: a file of theirs that is not there yet is
+  // waited for (its commit), not sent again.
+  Task<Status> ReplicateTask(std::string source, int64_t step, Result<std::string> manifest, std::set<int64_t> sent);
+  Status Replicate(const std::string& source, int64_t step, Result<std::string> manifest, std::set<int64_t> sent);
   // On the remote tier's manager of a multi-host job: leaves this process's
   // fragment of step `whole.step` (its part `own` as sent, or the failure
   // `written`); process 0 then waits for every process's, merges them and

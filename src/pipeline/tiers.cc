@@ -251,7 +251,12 @@ void ManagerImpl::ReplicatorMain() {
     // The manifest as committed here, read through this tier's storage (a
     // failure to read it is still reported to the other hosts).
     Result<std::string> manifest = loop().BlockOn(ReadManifestBytes(step));
-    Status s = remote_->Replicate(root_, step, std::move(manifest));
+    std::set<int64_t> sent;
+    {
+      std::lock_guard lock(mu_);
+      sent = awaiting_remote_commit_;
+    }
+    Status s = remote_->Replicate(root_, step, std::move(manifest), std::move(sent));
     Unpin(step);
     if (s.ok() && per_host() && !leader()) {
       // Process 0 commits it once every host's part is there: waited for
@@ -335,11 +340,13 @@ std::vector<int64_t> ManagerImpl::AllStepsAllTiers() const {
   return all;
 }
 
-Status ManagerImpl::Replicate(const std::string& source, int64_t step, Result<std::string> manifest) {
-  return loop().BlockOn(ReplicateTask(source, step, std::move(manifest)));
+Status ManagerImpl::Replicate(const std::string& source, int64_t step, Result<std::string> manifest,
+                              std::set<int64_t> sent) {
+  return loop().BlockOn(ReplicateTask(source, step, std::move(manifest), std::move(sent)));
 }
 
-Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, Result<std::string> read) {
+Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, Result<std::string> read,
+                                        std::set<int64_t> sent) {
   const std::string name = StepName(step);
   const std::string dir = source + "/" + name;
   Result<format::Manifest> parsed =
@@ -371,6 +378,14 @@ Task<Status> ManagerImpl::ReplicateTask(std::string source, int64_t step, Result
     std::string path = dir + "/" + s.name;
     if (!s.checkpoint.empty()) {
       auto there = co_await storage_->OpenFile(s.checkpoint, s.name);
+      // This host's own file of a step whose commit (process 0's) is still
+      // to come: where the files of a shared step appear only at its commit
+      // (a directory), it is waited for, not sent again under a new name.
+      const std::optional<int64_t> earlier = StepOfName(s.checkpoint);
+      if (!there.ok() && earlier && sent.count(*earlier) != 0) {
+        Task<Status> committing = AwaitCopyCommitted(*earlier);
+        if ((co_await std::move(committing)).ok()) there = co_await storage_->OpenFile(s.checkpoint, s.name);
+      }
       if (there.ok() && (*there)->size() == s.bytes) continue;
       path = source + "/" + s.checkpoint + "/" + s.name;
       AdoptAsOwnFile(&s);

@@ -899,6 +899,20 @@ TEST_CASE("a shard of an earlier checkpoint may hold more tensors than the manif
         "shard-00001.safetensors: tensor \"changed_since\" is in the shard header but not in the manifest");
 }
 
+TEST_CASE("an earlier checkpoint's shard copied under this step's name may hold more tensors too") {
+  // A tier that lacked the earlier step's file holds it as "<that step>.<file>".
+  Manifest m = SampleManifest();
+  m.shards[1].name = "checkpoint_99.shard-00001.safetensors";
+  SafetensorsHeader header;
+  header.data_start = 4096;
+  header.tensors = {{"params/b", DType::kBF16, {32}, 0, 64}, {"changed_since", DType::kF32, {4}, 64, 80}};
+  CHECK(CheckShardMatchesManifest(m, 1, header, 4096 + 64).ok());
+  CHECK(IsCopyOfEarlierFile("checkpoint_99.shard-00001.safetensors"));
+  CHECK(IsCopyOfEarlierFile("checkpoint_1.shard-p00001-00000.safetensors"));
+  CHECK_FALSE(IsCopyOfEarlierFile("shard-p00001-00000.safetensors"));
+  CHECK_FALSE(IsCopyOfEarlierFile("replica-00000.safetensors"));
+}
+
 TEST_CASE("the content hash: XXH3-128, pieces of 8 MiB combined, spelled in 32 hex digits") {
   // XXH3-128 of nothing, as xxHash documents it.
   CHECK(HashToHex(Xxh3(nullptr, 0)) == "99aa06d3014798d86001c324468d497f");

@@ -216,6 +216,11 @@ TEST_CASE("a host whose local tier is gone reads from the remote tier while the 
     }
     for (auto& m : pod) CHECK(m->WaitUntilFinished(CheckpointManager::Tier::kRemote).ok());
   }
+  // Step 2 refers to step 1's files in the remote tier too: process 1 waited
+  // for step 1's commit there rather than send its file again as step 2's.
+  for (const auto& e : fs::directory_iterator(dir / "remote/checkpoint_2")) {
+    CHECK(e.path().filename().string().find("checkpoint_1.") == std::string::npos);
+  }
   fs::remove_all(HostRoot(dir, 1));  // a replaced machine
   {
     auto pod = OpenPod(dir, 2);
