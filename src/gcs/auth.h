@@ -22,6 +22,7 @@
 
 #include "ckptio/options.h"
 #include "ckptio/status.h"
+#include "gcs/clock.h"
 #include "runtime/task.h"
 #include "http/http_client.h"
 #include "runtime/async_sync.h"
@@ -60,7 +61,6 @@ class TokenAuth : public AuthProvider {
   // The clock that says when the cached token is due for a refresh. Tests
   // set one they move themselves, to pass a token's lifetime without
   // waiting it out.
-  using Now = std::function<std::chrono::steady_clock::time_point()>;
   void SetClockForTesting(Now now) { now_ = std::move(now); }
   // The tokens, and the subclass's own secrets. (The previous token too: a
   // request sent with it may be answered after a refresh.)

@@ -11,6 +11,7 @@
 
 #include "ckptio/options.h"
 #include "ckptio/status.h"
+#include "gcs/clock.h"
 #include "http/http_client.h"
 
 namespace ckptio::gcs {
@@ -34,7 +35,6 @@ Outcome Classify(const Result<http::Response>& result, std::string_view what,
 // deadline. Not thread-safe; one per operation.
 class Backoff {
  public:
-  using Now = std::function<std::chrono::steady_clock::time_point()>;
   // `now` and `seed` are for tests: a clock they move themselves, and the
   // jitter's seed.
   explicit Backoff(const Options::Gcs::Retry& policy, Now now = std::chrono::steady_clock::now,

@@ -33,7 +33,7 @@ Options::Gcs::Retry Policy(int max_attempts, milliseconds initial, milliseconds 
 // A clock that stands still until the test moves it.
 struct TestClock {
   TimePoint now{std::chrono::hours(1)};
-  Backoff::Now fn() {
+  Now fn() {
     return [this] { return now; };
   }
 };
