@@ -125,22 +125,88 @@ class LocalWriter final : public CheckpointWriter {
   bool finished_ = false;
 };
 
+// A file opened for reading. One at least kMinDirectRead long also has a
+// second descriptor opened O_DIRECT (`direct_`), and its reads of whole
+// blocks go around the page cache: a restore reads each byte once, and the
+// page cache would cost a copy per byte and memory the size of the state
+// (on this VM's virtio disk a 4 GiB restore went from 0.42x to ~0.8x of
+// fio's read). The bytes before the first block boundary and after the last
+// are read through the page cache. Where the memory does not agree with the
+// file offset in alignment, the caller bounces (ReadAtBounced). A file
+// system that refuses O_DIRECT reads (EINVAL) is read through the page
+// cache from then on.
 class LocalReadable final : public ReadableFile {
  public:
-  LocalReadable(Loop& loop, File file, uint64_t size) : loop_(loop), file_(std::move(file)), size_(size) {}
+  static constexpr uint64_t kMinDirectRead = uint64_t{64} << 10;
+
+  LocalReadable(Loop& loop, File file, uint64_t size, File direct = {})
+      : loop_(loop), file_(std::move(file)), size_(size), direct_(std::move(direct)) {
+    direct_ok_ = direct_.valid();
+    if (direct_ok_) mem_align_ = DirectMemoryAlign(direct_.fd());
+  }
   uint64_t size() const override { return size_; }
+  bool PrefersBounce() const override { return direct_ok_; }
+  bool ReadsDirect(uint64_t offset, const char* dst, size_t len) const override {
+    if (!direct_ok_ || len < kMinDirectRead) return false;
+    // The first whole block lands on memory O_DIRECT accepts.
+    const uint64_t skew = RoundUp(offset, kDirectAlign) - offset;
+    return (reinterpret_cast<uintptr_t>(dst) + skew) % mem_align_ == 0;
+  }
   Task<Status> ReadAt(uint64_t offset, char* dst, size_t len) override {
-    CO_ASSIGN_OR_RETURN(size_t n, co_await loop_.Read(file_, dst, len, offset));
-    co_return Whole(offset, len, n);
+    if (!ReadsDirect(offset, dst, len)) co_return co_await ReadBuffered(offset, dst, len);
+    const uint64_t from = RoundUp(offset, kDirectAlign);
+    const uint64_t to = (offset + len) / kDirectAlign * kDirectAlign;
+    if (from >= to) co_return co_await ReadBuffered(offset, dst, len);
+    if (from > offset) CO_TRY(co_await ReadBuffered(offset, dst, from - offset));
+    char* mid = dst + (from - offset);
+    Result<size_t> n = co_await loop_.Read(direct_, mid, to - from, from);
+    if (!n.ok()) {
+      // Refused (or failed) around the cache: the cache decides, for good.
+      direct_ok_ = false;
+      CO_TRY(co_await ReadBuffered(from, mid, to - from));
+    } else {
+      CO_TRY(Whole(from, to - from, *n));
+    }
+    if (offset + len > to) CO_TRY(co_await ReadBuffered(to, dst + (to - offset), offset + len - to));
+    co_return Status::Ok();
   }
   Task<Status> ReadAtV(uint64_t offset, std::span<struct iovec> iov, char* /*scratch*/) override {
     size_t len = 0;
-    for (const struct iovec& v : iov) len += v.iov_len;
+    bool aligned = direct_ok_ && offset % kDirectAlign == 0;
+    for (const struct iovec& v : iov) {
+      len += v.iov_len;
+      aligned = aligned && v.iov_len % kDirectAlign == 0 && reinterpret_cast<uintptr_t>(v.iov_base) % mem_align_ == 0;
+    }
+    if (aligned && len >= kMinDirectRead) {
+      std::vector<struct iovec> copy(iov.begin(), iov.end());  // a failed read may have advanced nothing, or some
+      Result<size_t> n = co_await loop_.ReadV(direct_, copy.data(), copy.size(), offset);
+      if (n.ok()) co_return Whole(offset, len, *n);
+      direct_ok_ = false;
+    }
     CO_ASSIGN_OR_RETURN(size_t n, co_await loop_.ReadV(file_, iov.data(), iov.size(), offset));
     co_return Whole(offset, len, n);
   }
+  Task<Result<const char*>> ReadAtBounced(uint64_t offset, size_t len, char* bounce) override {
+    if (direct_ok_ && len >= kMinDirectRead) {
+      const uint64_t from = offset / kDirectAlign * kDirectAlign;
+      const uint64_t to = RoundUp(offset + len, kDirectAlign);  // past the end of the file: a short read
+      Result<size_t> n = co_await loop_.Read(direct_, bounce, to - from, from);
+      if (n.ok()) {
+        const uint64_t need = offset + len - from;
+        if (*n < need) CO_TRY(Whole(from, need, *n));
+        co_return static_cast<const char*>(bounce + (offset - from));
+      }
+      direct_ok_ = false;
+    }
+    CO_TRY(co_await ReadBuffered(offset, bounce, len));
+    co_return static_cast<const char*>(bounce);
+  }
 
  private:
+  Task<Status> ReadBuffered(uint64_t offset, char* dst, size_t len) {
+    CO_ASSIGN_OR_RETURN(size_t n, co_await loop_.Read(file_, dst, len, offset));
+    co_return Whole(offset, len, n);
+  }
   // Ok if a read of `len` bytes at `offset` got them all (n), else "truncated".
   Status Whole(uint64_t offset, size_t len, size_t n) const {
     if (n == len) return Status::Ok();
@@ -151,6 +217,11 @@ class LocalReadable final : public ReadableFile {
   Loop& loop_;
   File file_;
   uint64_t size_;
+  // The same file opened O_DIRECT, or none; kept open once refused (reads
+  // of other lanes may be queued on its descriptor), but no longer used.
+  File direct_;
+  bool direct_ok_ = false;
+  size_t mem_align_ = kDirectAlign;
 };
 
 class LocalStorage final : public Storage {

@@ -203,7 +203,16 @@ Task<Result<std::string>> LocalStorage::ReadSmallFile(std::string checkpoint, st
 
 Task<Result<std::unique_ptr<ReadableFile>>> LocalStorage::OpenFile(std::string checkpoint, std::string file) {
   CO_ASSIGN_OR_RETURN(auto opened, co_await OpenForReading(checkpoint + "/" + file));
-  co_return std::unique_ptr<ReadableFile>(new LocalReadable(loop_, std::move(opened.first), opened.second));
+  File direct;
+  if (options_.direct != Options::Io::Direct::kOff && opened.second >= LocalReadable::kMinDirectRead) {
+    // The same open file again, O_DIRECT (through its /proc link: no path
+    // to race with). None where refused: every read goes through the cache.
+    const std::string self = "/proc/self/fd/" + std::to_string(opened.first.fd());
+    int fd = ::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd >= 0) direct = File(UniqueFd(fd), opened.first.path());
+  }
+  co_return std::unique_ptr<ReadableFile>(
+      new LocalReadable(loop_, std::move(opened.first), opened.second, std::move(direct)));
 }
 
 Task<Result<std::string>> LocalStorage::Hide(std::string name) {

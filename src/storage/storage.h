@@ -105,6 +105,27 @@ class ReadableFile {
     }
     co_return Status::Ok();
   }
+  // Where a file reads around the page cache (O_DIRECT), it reads whole
+  // blocks into memory that agrees with the file offset in alignment; other
+  // memory is better served by reading into a bounce buffer of the caller's
+  // and copying out (the copy is cheaper than the page cache's). A bounce
+  // buffer holds len + 2 * kBounceSlack bytes, aligned to kBounceSlack.
+  static constexpr size_t kBounceSlack = 4096;
+  // Whether reads into a bounce buffer beat reads into memory that does not
+  // agree with the file in alignment (ReadsDirect false).
+  virtual bool PrefersBounce() const { return false; }
+  // Whether ReadAt(offset, dst, len) reads straight into dst around the
+  // page cache.
+  virtual bool ReadsDirect(uint64_t offset, const char* dst, size_t len) const {
+    (void)offset, (void)dst, (void)len;
+    return false;
+  }
+  // Reads the len bytes at offset into `bounce` (see kBounceSlack) and
+  // returns where in it they start, or fails as ReadAt.
+  virtual Task<Result<const char*>> ReadAtBounced(uint64_t offset, size_t len, char* bounce) {
+    CO_TRY(co_await ReadAt(offset, bounce, len));
+    co_return static_cast<const char*>(bounce);
+  }
 };
 
 // The marker of in-flight or half-removed checkpoint names ("checkpoint_300.tmp-1f2e..."):
