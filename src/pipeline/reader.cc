@@ -1,7 +1,11 @@
 #include "pipeline/reader.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <utility>
 #include <map>
 #include <memory>
@@ -9,6 +13,10 @@
 #include "base/status_macros.h"
 #include "runtime/when_all.h"
 #include "format/crc32c.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
 
 namespace ckptio::pipeline {
 namespace {
@@ -48,46 +56,138 @@ struct PieceWork {
   Status first_error;
 };
 
+// A lane's own memory: aligned for O_DIRECT, on huge pages where the kernel
+// gives them (a lane's 4 MiB bounce buffer is then two page faults, not a
+// thousand), allocated once per read of a checkpoint and reused by each of
+// the lane's pieces.
+class LaneBuffer {
+ public:
+  ~LaneBuffer() { std::free(p_); }
+  char* get(size_t bytes) {
+    if (p_ == nullptr) {
+      bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+      p_ = static_cast<char*>(std::aligned_alloc(kHugePage, bytes));
+      if (p_ == nullptr) throw std::bad_alloc();
+      (void)::madvise(p_, bytes, MADV_HUGEPAGE);
+    }
+    return p_;
+  }
+
+ private:
+  static constexpr size_t kHugePage = size_t{2} << 20;
+  char* p_ = nullptr;
+};
+
+// Reads of a file that reads around the page cache (ReadableFile::
+// PrefersBounce) into memory that does not agree with it in alignment go
+// through the lane's bounce buffer, kWindow at a time, and are copied out
+// (with the CRC, block by block while the bytes are in cache): cheaper than
+// the page cache's copy, and no cache the size of the state. Below
+// kBounceFrom, the read goes through the page cache.
+constexpr size_t kBounceFrom = size_t{64} << 10;
+constexpr size_t kWindow = size_t{4} << 20;
+constexpr size_t kCopyBlock = size_t{256} << 10;
+// A plain read of this much into the caller's memory first has its pages
+// faulted in on the CPU pool (MADV_POPULATE_WRITE): a read around the page
+// cache pins its pages on the loop thread, which would fault each fresh 4
+// KiB page there (~17 us each on this VM) with the other lanes' reads
+// waiting behind it.
+constexpr size_t kPopulateFrom = size_t{1} << 20;
+
+void Populate(char* p, size_t len) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t from = (at + 4095) / 4096 * 4096, to = (at + len) / 4096 * 4096;
+  // Errors ignored (a kernel before 5.14, memory that is not anonymous): the
+  // read faults the pages in itself.
+  if (to > from) (void)::madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE);
+}
+
+// Copies the window [at, at + n) of a piece's bytes, read into `src`, out to
+// the piece's spans (the bytes of a null span are only checked), and
+// extends `crc` over them.
+uint32_t CrcAndCopyOut(uint32_t crc, const char* src, const std::vector<struct iovec>& spans, uint64_t at, size_t n) {
+  uint64_t pos = 0;  // of spans[k] in the piece
+  for (const struct iovec& v : spans) {
+    const uint64_t from = std::max<uint64_t>(pos, at), to = std::min<uint64_t>(pos + v.iov_len, at + n);
+    for (uint64_t b = from; b < to; b += kCopyBlock) {
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(kCopyBlock, to - b));
+      const char* s = src + (b - at);
+      crc = format::Crc32cExtend(crc, s, len);
+      if (v.iov_base != nullptr) std::memcpy(static_cast<char*>(v.iov_base) + (b - pos), s, len);
+    }
+    pos += v.iov_len;
+    if (pos >= at + n) break;
+  }
+  return crc;
+}
+
 Task<void> PieceLane(PieceWork* w) {
-  std::unique_ptr<char[]> own;
-  auto lane_buffer = [&own] {
-    if (!own) own.reset(new char[kPiece]);
-    return own.get();
-  };
+  LaneBuffer own, bounce;
   std::vector<struct iovec> iov, spans;  // spans: iov as it was before the read advanced it
   while (w->next < w->pieces->size() && w->first_error.ok()) {
     size_t i = w->next++;
     const Piece& p = (*w->pieces)[i];
+    storage::ReadableFile* f = w->ckpt->shards[p.shard].get();
+    const bool scattered = p.last_part > p.first_part;
     Status s;
     spans.clear();
-    if (p.last_part > p.first_part) {
-      size_t used = 0;  // of the lane's buffer, by the parts only checked
-      for (size_t k = p.first_part; k < p.last_part; ++k) {
-        const Part& part = (*w->parts)[k];
-        char* d = part.dst;
-        if (d == nullptr) d = lane_buffer() + std::exchange(used, used + part.len);
-        spans.push_back({d, part.len});
+    if (f->PrefersBounce() && p.len >= kBounceFrom &&
+        (scattered || (p.dst != nullptr && !f->ReadsDirect(p.offset, p.dst, p.len)))) {
+      if (scattered) {
+        for (size_t k = p.first_part; k < p.last_part; ++k) spans.push_back({(*w->parts)[k].dst, (*w->parts)[k].len});
+      } else {
+        spans.push_back({p.dst, p.len});
       }
-      iov = spans;
-      // The lane's buffer doubles as the scratch of a remote file's one read
-      // (the checked-only parts lie in it, each no later than its place).
-      s = co_await w->ckpt->shards[p.shard]->ReadAtV(p.offset, iov, lane_buffer());
+      uint32_t crc = 0;
+      for (uint64_t at = 0; at < p.len && s.ok(); at += kWindow) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(kWindow, p.len - at));
+        Result<const char*> src = co_await f->ReadAtBounced(p.offset + at, n, bounce.get(kWindow + 2 * f->kBounceSlack));
+        if (!src.ok()) {
+          s = src.status();
+          break;
+        }
+        auto copy_out = [crc, from = *src, &spans, at, n] { return CrcAndCopyOut(crc, from, spans, at, n); };
+        crc = co_await w->pool->Run(copy_out);
+      }
+      if (!s.ok()) {
+        if (w->first_error.ok()) w->first_error = std::move(s);
+        co_return;
+      }
+      (*w->crcs)[i] = crc;
     } else {
-      char* buf = p.dst != nullptr ? p.dst : lane_buffer();
-      s = co_await w->ckpt->shards[p.shard]->ReadAt(p.offset, buf, p.len);
-      spans.push_back({buf, p.len});
+      if (scattered) {
+        size_t used = 0;  // of the lane's buffer, by the parts only checked
+        for (size_t k = p.first_part; k < p.last_part; ++k) {
+          const Part& part = (*w->parts)[k];
+          char* d = part.dst;
+          if (d == nullptr) d = own.get(kPiece) + std::exchange(used, used + part.len);
+          spans.push_back({d, part.len});
+        }
+        iov = spans;
+        // The lane's buffer doubles as the scratch of a remote file's one read
+        // (the checked-only parts lie in it, each no later than its place).
+        s = co_await f->ReadAtV(p.offset, iov, own.get(kPiece));
+      } else {
+        char* buf = p.dst != nullptr ? p.dst : own.get(kPiece);
+        if (p.dst != nullptr && p.len >= kPopulateFrom) {
+          auto populate = [buf, len = p.len] { Populate(buf, len); };
+          co_await w->pool->Run(populate);
+        }
+        s = co_await f->ReadAt(p.offset, buf, p.len);
+        spans.push_back({buf, p.len});
+      }
+      if (!s.ok()) {
+        if (w->first_error.ok()) w->first_error = std::move(s);
+        co_return;
+      }
+      const std::vector<struct iovec>* of = &spans;
+      auto crc = [of] {
+        uint32_t c = 0;
+        for (const struct iovec& v : *of) c = format::Crc32cExtend(c, v.iov_base, v.iov_len);
+        return c;
+      };
+      (*w->crcs)[i] = co_await w->pool->Run(crc);
     }
-    if (!s.ok()) {
-      if (w->first_error.ok()) w->first_error = std::move(s);
-      co_return;
-    }
-    const std::vector<struct iovec>* of = &spans;
-    auto crc = [of] {
-      uint32_t c = 0;
-      for (const struct iovec& v : *of) c = format::Crc32cExtend(c, v.iov_base, v.iov_len);
-      return c;
-    };
-    (*w->crcs)[i] = co_await w->pool->Run(crc);
     w->done += p.len;
     if (w->ckpt->bytes_read != nullptr) w->ckpt->bytes_read->fetch_add(p.len, std::memory_order_relaxed);
     if (w->progress != nullptr && *w->progress) (*w->progress)(w->done, w->total);
