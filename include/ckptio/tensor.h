@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <new>
 #include <string>
@@ -80,8 +81,14 @@ struct TensorSlice {
 // An allocator whose value-less construct() leaves memory uninitialized, so
 // a Bytes buffer sized for a restore is not zero-filled first (the read
 // overwrites every byte: zeroing would be one more pass over the checkpoint).
+// Buffers of kPageAlignFrom bytes or more start on a page: a restore reads
+// into them around the page cache (O_DIRECT wants aligned memory), and
+// numpy or jax can take them as they are (jax aliases host memory it is
+// handed only if it is aligned; otherwise device_put copies it).
 template <typename T>
 struct NoInitAllocator : std::allocator<T> {
+  static constexpr size_t kPageAlignFrom = size_t{64} << 10;
+  static constexpr std::align_val_t kPage{4096};
   template <typename U>
   struct rebind {
     using other = NoInitAllocator<U>;
@@ -89,6 +96,19 @@ struct NoInitAllocator : std::allocator<T> {
   NoInitAllocator() = default;
   template <typename U>
   NoInitAllocator(const NoInitAllocator<U>&) noexcept {}  // NOLINT: rebinding
+  T* allocate(size_t n) {
+    if (n > std::numeric_limits<size_t>::max() / sizeof(T)) throw std::bad_array_new_length();
+    const size_t bytes = n * sizeof(T);
+    if (bytes >= kPageAlignFrom) return static_cast<T*>(::operator new(bytes, kPage));
+    return std::allocator<T>::allocate(n);
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    if (n * sizeof(T) >= kPageAlignFrom) {
+      ::operator delete(p, kPage);
+    } else {
+      std::allocator<T>::deallocate(p, n);
+    }
+  }
   template <typename U, typename... Args>
   void construct(U* p, Args&&... args) {
     if constexpr (sizeof...(Args) == 0) {
