@@ -17,7 +17,7 @@ _live = weakref.WeakSet()
 
 
 def _flatten_options(options, prefix=""):
-    """{"io": {"direct": "off"}} -> {"io.direct": "off"} (dotted keys pass through)."""
+    """{"io": {"direct": False}} -> {"io.direct": False} (dotted keys pass through)."""
     flat = {}
     for key, value in options.items():
         path = f"{prefix}{key}"
@@ -54,7 +54,7 @@ class CheckpointManager:
 
     ``root`` is a directory (created if needed) or ``gs://bucket/prefix``.
     ``keep`` / ``keep_every`` and any other option of the config file
-    (``staging_memory="512MiB"``, ``prefix="ckpt_"``, ``io={"direct": "off"}``,
+    (``staging_memory="512MiB"``, ``prefix="ckpt_"``, ``io={"direct": False}``,
     ...) given as keyword arguments override the values of ``config`` (a JSON
     config file; default: $CKPTIO_CONFIG if set, else the defaults).
 

@@ -1,5 +1,6 @@
 """ckptio.CheckpointManager: pytrees of numpy and jax arrays in and out."""
 import collections
+import os
 import json
 import threading
 import tracemalloc
@@ -348,3 +349,90 @@ def test_a_checkpoint_written_without_a_tree_restores_as_nested_dicts(tmp_path):
     assert same(back["params"]["dense"]["kernel"], np.ones((2, 2), np.float32))
     assert same(back["opt"]["step"], np.array(4, np.int64))
     assert list(shaped) == ["params"] and same(shaped["params"]["dense"]["kernel"], np.ones((2, 2), np.float32))
+
+
+def _evict(directory):
+    """Drops the page cache of every file under `directory` (written back first)."""
+    for path in directory.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _cached_fraction(path):
+    """The fraction of `path`'s pages in the page cache (mincore)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    size = path.stat().st_size
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        vec = ctypes.create_string_buffer(pages)
+        try:
+            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec.raw) / pages
+
+
+def _direct_reads_work(directory):
+    probe = directory / "direct-probe"
+    probe.write_bytes(b"\0" * 4096)
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:  # tmpfs, some FUSE file systems: every read goes through the cache
+        return False
+    finally:
+        probe.unlink()
+
+
+def test_cold_restores_read_around_the_page_cache_into_any_memory_bytes_equal(tmp_path, small):
+    rng = np.random.default_rng(31)
+    tree = {"big": random_array(rng, np.uint8, (8 * 2**20 + 123,)),  # an odd length: a tail past the last block
+            "floats": random_array(rng, np.float32, (3, 2**18 + 7)),
+            "mid": random_array(rng, np.int16, (150_001,)),
+            "tiny": random_array(rng, np.float64, (5,))}
+    root = tmp_path / "ckpt"
+    with ckptio.CheckpointManager(root, **small) as mgr:
+        mgr.save(1, tree)
+        mgr.wait_until_finished()
+        shards = sorted(root.glob("checkpoint_1/*.safetensors"))
+        assert shards
+        direct = _direct_reads_work(tmp_path)
+
+        _evict(root)
+        back = mgr.restore(1)
+        for name, value in tree.items():
+            assert same(back[name], value), name
+        if direct:
+            # Read around the cache: what is cached is the blocks at the ends of the reads.
+            assert max(_cached_fraction(p) for p in shards) < 0.25
+
+        # Into arrays whose memory agrees with nothing: 1..7 bytes past an allocation.
+        def misaligned(value, skew):
+            raw = np.empty(value.nbytes + skew, np.uint8)[skew:]
+            return raw.view(value.dtype).reshape(value.shape)
+
+        targets = {name: misaligned(value, 1 + i) for i, (name, value) in enumerate(tree.items())}
+        assert not targets["big"].ctypes.data % 4096 == 0
+        _evict(root)
+        assert mgr.restore_into(1, targets) == 1
+        for name, value in tree.items():
+            assert targets[name].tobytes() == value.tobytes(), name
+        if direct:
+            assert max(_cached_fraction(p) for p in shards) < 0.25
