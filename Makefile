@@ -169,7 +169,7 @@ $(VENV_BENCH)/.installed: bench/requirements.txt
 
 venv-bench: deps $(VENV_BENCH)/.installed
 
-# Every benchmark, sized to finish in about 35 minutes (sharded_bench.py: 7.5, torch_bench.py: ~6, pods_bench.py: ~5, incremental_bench.py: 3, tiers_bench.py: 2) on a 2-core VM; tables go to
+# Every benchmark, sized to finish in about 35 minutes (sharded_bench.py: 7.5, torch_bench.py: ~6, pods_bench.py: ~5, restore_bench.py: ~4, incremental_bench.py: 3, tiers_bench.py: 2) on a 2-core VM; tables go to
 # bench/results/*.md (seed_experiment also writes its traces and SVG timelines there).
 # tools_compare runs one repetition here; the committed bench/results/tools.md is its
 # three-repetition run (`--reps 3 --compute-kind idle,busy`, about 12 minutes on its own).
@@ -204,6 +204,8 @@ bench: build venv venv-bench
 	  --out bench/results/sharded.md > /dev/null; \
 	step $(PYTHON) bench/pods_bench.py --size-gib 1 --saves 10 --compute 2 --ckptio-python $(BUILD)/python \
 	  --out bench/results/pods.md > /dev/null; \
+	step $(VENV_BENCH)/bin/python bench/restore_bench.py --sizes-gib 1,4,8 --reps 1 --ckptio-python $(BUILD)/python \
+	  --torch-python $(PYTHON) --out bench/results/restore.md > /dev/null; \
 	rm -rf bench/results/tmp; \
 	echo "make bench: $$((SECONDS - start)) s in all; load average $$(cut -d' ' -f1-3 /proc/loadavg)" >&2; \
 	cat bench/results/tools.md; exit $$rc

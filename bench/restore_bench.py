@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""Restores from the local disk at 1, 4 and 8 GiB (issue 31): ckptio onto numpy, jax and torch,
+into live arrays, and orbax onto jax, each against the disk's read and the output's first touch
+measured in the same run.
+
+    .venv-bench/bin/python bench/restore_bench.py [--sizes-gib 1,4,8] [--reps 3]
+        [--rows numpy,jax,into-warm,torch,orbax-jax] [--ckptio-python build/python]
+        [--torch-python .venv/bin/python] [--dir DIR] [--out bench/results/restore.md]
+
+The state: float32 arrays, --size-gib in all: 16 arrays of size/16 and one of 1 MiB (a hash of
+each element's position, so that a restore is checked without keeping the state). ckptio saves
+it once per size with CheckpointManager(root) (every option at its default), orbax once with
+StandardCheckpointer. Every restore runs in a fresh process, the page cache dropped first
+(echo 3 > /proc/sys/vm/drop_caches as root, else fsync + POSIX_FADV_DONTNEED on the files):
+
+  numpy      ckptio: restore() with no target: numpy arrays in memory ckptio allocates
+  jax        ckptio: restore(target=ShapeDtypeStruct per array, one CPU device): jax.Arrays
+  into-warm  ckptio: restore_into() of numpy arrays allocated and touched before the clock starts
+             (a restart that restores into the arrays the trainer already built)
+  torch      ckptio: restore_into() of torch.empty tensors (fresh memory, first touch included),
+             run with --torch-python (torch is in the test venv, not the bench venv)
+  orbax-jax  orbax-checkpoint's StandardCheckpointer().restore(path, target) with the same
+             ShapeDtypeStruct target
+
+Time = the restore call until every array is ready (jax.block_until_ready), checked afterwards:
+the first and last 64 KiB of every array against the hash. Extra memory = peak RSS during the
+restore (VmHWM, reset just before it) - RSS before it - the bytes restored into fresh memory
+(all of them, but for into-warm). Limits, measured per repetition in the same run:
+
+  disk       fio O_DIRECT sequential read of a file of the state's size, 1 MiB blocks, io_uring,
+             queue depth 32 (and its write, laying the file out)
+  touch      a fresh process writing one byte per 4 KiB page of np.empty(state bytes)
+
+The ratio column is time / max(disk time, touch time) (the issue's target: <= 1.15), except for
+into-warm, whose target is its read rate >= 0.9x the disk's (there the output is touched already).
+Medians over --reps; the spread is min-max.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+GIB = 1 << 30
+MIB = 1 << 20
+
+# Everything a child needs: the state's layout and hash, memory counters, the check.
+COMMON = r"""
+import json, os, sys, time
+import numpy as np
+
+def layout(nbytes):
+    n = 16
+    per = nbytes // n // 4 // 1024 * 1024  # float32 elements, a multiple of 1024
+    return [(f"layers/{i:02d}/w", (per // 1024, 1024)) for i in range(n)] + [("embed/bias", (256, 1024))]
+
+def hashed(seed, start, count):
+    h = np.arange(start, start + count, dtype=np.uint32) + np.uint32(seed * 0x9E3779B9 & 0xFFFFFFFF)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return h.view(np.float32)
+
+def make(seed, shape):
+    return hashed(seed, 0, shape[0] * shape[1]).reshape(shape)
+
+def check(arrays):
+    # arrays: {name: host array}; the first and last 64 KiB of each against the hash.
+    for seed, (name, shape) in enumerate(LAYOUT):
+        flat = np.asarray(arrays[name]).reshape(-1)
+        n, k = flat.size, min(flat.size, 16384)
+        if flat.dtype != np.float32 or n != shape[0] * shape[1]:
+            raise SystemExit(f"{name}: {flat.dtype} {flat.shape}, wanted float32 {shape}")
+        if flat[:k].tobytes() != hashed(seed, 0, k).tobytes() or flat[n - k:].tobytes() != hashed(seed, n - k, k).tobytes():
+            raise SystemExit(f"{name}: the restored bytes differ from the saved ones")
+
+def status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+
+def reset_peak():
+    import ctypes, gc
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status("VmRSS")
+
+def by_name(tree, prefix=""):
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(by_name(v, prefix + k + "/"))
+        else:
+            out[prefix + k] = v
+    return out
+
+def nest(pairs):
+    out = {}
+    for name, v in pairs:
+        d = out
+        parts = name.split("/")
+        for p in parts[:-1]:
+            d = d.setdefault(p, {})
+        d[parts[-1]] = v
+    return out
+
+args = json.loads(sys.argv[1])
+LAYOUT = layout(args["bytes"])
+"""
+
+SAVE = COMMON + r"""
+sys.path.insert(0, args["ckptio_python"])
+state = nest((name, make(seed, shape)) for seed, (name, shape) in enumerate(LAYOUT))
+if args["tool"] == "ckptio":
+    import ckptio
+    with ckptio.CheckpointManager(args["root"]) as mgr:
+        mgr.save(1, state)
+        mgr.wait_until_finished()
+else:
+    import orbax.checkpoint as ocp
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(args["root"], state)
+    ckptr.wait_until_finished()
+    ckptr.close()
+print("RESULT " + json.dumps({"ok": True}))
+"""
+
+RESTORE = COMMON + r"""
+sys.path.insert(0, args["ckptio_python"])
+row = args["row"]
+fresh = args["bytes_restored"]
+if row in ("jax", "orbax-jax"):
+    import jax
+    dev = jax.devices("cpu")[0]
+    sharding = jax.sharding.SingleDeviceSharding(dev)
+    target = nest((name, jax.ShapeDtypeStruct(shape, np.float32, sharding=sharding)) for name, shape in LAYOUT)
+if row == "orbax-jax":
+    import orbax.checkpoint as ocp
+    ckptr = ocp.StandardCheckpointer()
+else:
+    import ckptio
+    mgr = ckptio.CheckpointManager(args["root"], read_only=True)
+if row == "into-warm":
+    live = nest((name, np.ones(shape, np.float32)) for name, shape in LAYOUT)  # touched: warm memory
+    fresh = 0
+elif row == "torch":
+    import torch
+    live = nest((name, torch.empty(shape, dtype=torch.float32)) for name, shape in LAYOUT)
+before = reset_peak()
+t0 = time.perf_counter()
+if row == "numpy":
+    out = mgr.restore(1)
+elif row == "jax":
+    out = jax.block_until_ready(mgr.restore(1, target=target))
+elif row == "orbax-jax":
+    out = jax.block_until_ready(ckptr.restore(args["root"], target))
+else:
+    mgr.restore_into(1, live)
+    out = live
+seconds = time.perf_counter() - t0
+peak = status("VmHWM")
+flat = by_name(out)
+if row == "torch":
+    flat = {k: v.numpy() for k, v in flat.items()}
+elif row in ("jax", "orbax-jax"):
+    flat = {k: np.asarray(v) for k, v in flat.items()}
+check(flat)
+print("RESULT " + json.dumps({"seconds": seconds, "extra": peak - before - fresh}))
+"""
+
+TOUCH = COMMON + r"""
+a = np.empty(args["bytes"], np.uint8)
+t0 = time.perf_counter()
+a[::4096] = 1
+print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0}))
+"""
+
+
+def run(python, script, args, timeout=1800):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    p = subprocess.run([python, "-c", script, json.dumps(args)], capture_output=True, text=True, timeout=timeout,
+                       env=env)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return {"error": f"exit {p.returncode}: {tail[:300]}"}
+
+
+def drop_cache(root):
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")
+        return
+    except OSError:
+        pass
+    for d, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def fio(path, nbytes):
+    """(read, write) seconds of fio over a file of nbytes, O_DIRECT, qd 32."""
+    common = ["fio", "--name=r", f"--filename={path}", "--bs=1M", f"--size={nbytes // MIB}M", "--direct=1",
+              "--ioengine=io_uring", "--iodepth=32", "--output-format=json"]
+    try:
+        w = subprocess.run(common + ["--rw=write", "--end_fsync=1"], check=True, capture_output=True, text=True)
+        drop_cache(os.path.dirname(path))
+        r = subprocess.run(common + ["--rw=read"], check=True, capture_output=True, text=True)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    rate = lambda p, k: json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0][k]["bw_bytes"]
+    return nbytes / rate(r, "read"), nbytes / rate(w, "write")
+
+
+def state_bytes(nbytes):
+    per = nbytes // 16 // 4 // 1024 * 1024
+    return (16 * per + 256 * 1024) * 4
+
+
+def spread(xs, fmt):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    if len(xs) == 1:
+        return fmt(xs[0])
+    return f"{fmt(statistics.median(xs))} ({fmt(min(xs))}–{fmt(max(xs))})"
+
+
+def report(a, results, limits, command, seconds):
+    out = ["## Restores from the local disk: ckptio and orbax against the disk and the first touch\n",
+           f"`{command}`: {a.reps} repetition(s), each row a fresh process with the page cache dropped; "
+           f"{seconds / 60:.1f} minutes, load average at the end {open('/proc/loadavg').read().split()[0]}. "
+           "Times are medians (min–max). ratio: time / max(disk read, first touch) of the same repetition "
+           "(target <= 1.15x); into-warm: its read rate over the disk's (target >= 0.9x). extra memory: peak RSS "
+           "during the restore beyond the restored bytes' own fresh memory (target <= 64 MiB).\n"]
+    for gib in a.sizes:
+        nbytes = state_bytes(gib * GIB)
+        lim = limits[gib]
+        disk = [x["read"] for x in lim if "read" in x]
+        touch = [x["touch"] for x in lim if "touch" in x]
+        out.append(f"### {gib} GiB ({nbytes / GIB:.2f} GiB of float32 in 17 arrays)\n")
+        out.append(f"- disk: fio read {spread(disk, lambda s: f'{s:.2f} s')} = "
+                   f"{spread([nbytes / s for s in disk], lambda x: f'{x / 1e9:.2f} GB/s')}; "
+                   f"write {spread([x['write'] for x in lim if 'write' in x], lambda s: f'{s:.2f} s')}")
+        out.append(f"- first touch of {nbytes / GIB:.2f} GiB at 4 KiB pages: {spread(touch, lambda s: f'{s:.2f} s')}\n")
+        out.append("| restore | time | GB/s | ratio | vs orbax-jax | extra memory |")
+        out.append("|---|---:|---:|---:|---:|---:|")
+        orbax = [r.get("seconds") for r in results[gib].get("orbax-jax", [])]
+        for row in a.rows:
+            runs = results[gib].get(row, [])
+            errors = [r["error"] for r in runs if "error" in r]
+            ok = [(i, r) for i, r in enumerate(runs) if "error" not in r]
+            if not ok:
+                out.append(f"| {row} | failed: {errors[0] if errors else 'not run'} | | | | |")
+                continue
+            times = [r["seconds"] for _, r in ok]
+            if row == "into-warm":
+                ratio = [lim[i]["read"] / r["seconds"] for i, r in ok if "read" in lim[i]]
+            else:
+                ratio = [r["seconds"] / max(lim[i].get("read", 0), lim[i].get("touch", 0)) for i, r in ok]
+            vs = [r["seconds"] / orbax[i] for i, r in ok if i < len(orbax) and orbax[i]]
+            out.append(f"| {row} | {spread(times, lambda s: f'{s:.2f} s')} | "
+                       f"{spread([nbytes / t for t in times], lambda x: f'{x / 1e9:.2f}')} | "
+                       f"{spread(ratio, lambda x: f'{x:.2f}x')} | "
+                       f"{spread(vs, lambda x: f'{x:.2f}x') if row != 'orbax-jax' else '1.00x'} | "
+                       f"{spread([r['extra'] / MIB for _, r in ok], lambda x: f'{x:.0f} MiB')} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes-gib", default="1,4,8")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rows", default="numpy,jax,into-warm,torch,orbax-jax")
+    ap.add_argument("--ckptio-python", default=os.path.join(ROOT, "build", "python"))
+    ap.add_argument("--torch-python", default=os.path.join(ROOT, ".venv", "bin", "python"))
+    ap.add_argument("--dir", default=None, help="where the checkpoints go (default: a temporary directory under bench/results)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "restore.md"))
+    a = ap.parse_args(argv)
+    a.sizes = [int(x) for x in a.sizes_gib.split(",")]
+    a.rows = a.rows.split(",")
+    unknown = set(a.rows) - {"numpy", "jax", "into-warm", "torch", "orbax-jax"}
+    if unknown:
+        ap.error(f"--rows: unknown row(s) {', '.join(sorted(unknown))}")
+    if shutil.which("fio") is None:
+        ap.error("fio is not installed (apt-get install fio)")
+    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
+    work = tempfile.mkdtemp(prefix="restore-", dir=a.dir or os.path.join(ROOT, "bench", "results"))
+    start = time.time()
+    results, limits = {}, {}
+    try:
+        for gib in a.sizes:
+            nbytes = gib * GIB
+            results[gib] = {row: [] for row in a.rows}
+            limits[gib] = []
+            base = {"bytes": nbytes, "ckptio_python": os.path.abspath(a.ckptio_python)}
+            roots = {"ckptio": os.path.join(work, f"ckptio-{gib}"), "orbax": os.path.join(work, f"orbax-{gib}")}
+            for tool in (["ckptio"] if any(r != "orbax-jax" for r in a.rows) else []) + \
+                    (["orbax"] if "orbax-jax" in a.rows else []):
+                r = run(sys.executable, SAVE, dict(base, tool=tool, root=roots[tool]))
+                if "error" in r:
+                    print(f"{gib} GiB: the {tool} save failed: {r['error']}", file=sys.stderr)
+            for rep in range(a.reps):
+                lim = {}
+                try:
+                    lim["read"], lim["write"] = fio(os.path.join(work, "fio.tmp"), state_bytes(nbytes))
+                except (OSError, subprocess.CalledProcessError) as e:
+                    print(f"fio failed: {e}", file=sys.stderr)
+                t = run(sys.executable, TOUCH, dict(base, bytes=state_bytes(nbytes)))
+                if "seconds" in t:
+                    lim["touch"] = t["seconds"]
+                limits[gib].append(lim)
+                for row in a.rows:
+                    root = roots["orbax" if row == "orbax-jax" else "ckptio"]
+                    python = a.torch_python if row == "torch" else sys.executable
+                    drop_cache(root)
+                    r = run(python, RESTORE, dict(base, row=row, root=root, bytes_restored=state_bytes(nbytes)))
+                    results[gib][row].append(r)
+                    print(f"{gib} GiB rep {rep + 1} {row}: {r} (disk {lim.get('read', 0):.2f} s, touch "
+                          f"{lim.get('touch', 0):.2f} s)", file=sys.stderr)
+            for root in roots.values():
+                shutil.rmtree(root, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    command = "python bench/restore_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = report(a, results, limits, command.strip(), time.time() - start)
+    with open(a.out, "w") as f:
+        f.write(text + "\n")
+    print(text)
+    failed = any("error" in r for rows in results.values() for runs in rows.values() for r in runs)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
