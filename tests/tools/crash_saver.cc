@@ -2,7 +2,11 @@
 // state (tests/test_state.h: CrashState) at steps 1, 2, 3, ... forever,
 // keep=3, two saves in flight, until killed. "incremental": incremental
 // saves; "tiers": two tiers, every step copied to ROOT-remote (keep 3).
-// The crash tests SIGKILL it at random moments.
+// The crash tests SIGKILL it at random moments, measured from the lines it
+// writes on stdout: "opened" once the manager is open (recovery done), and
+// "committed N" each time a newer step N is committed.
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -30,7 +34,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", m.status().ToString().c_str());
     return 2;
   }
+  // Unbuffered: the test reads each line as it is written.
+  auto say = [](const std::string& line) {
+    const std::string l = line + "\n";
+    (void)!::write(STDOUT_FILENO, l.data(), l.size());
+  };
+  say("opened");
   int64_t step = (*m)->LatestStep().value_or(0);
+  int64_t reported = step;
   for (;;) {
     ++step;
     auto state = ckptio::testing::CrashState(step);
@@ -39,6 +50,10 @@ int main(int argc, char** argv) {
     if (!h.ok()) {
       std::fprintf(stderr, "%s\n", h.status().ToString().c_str());
       return 2;
+    }
+    if (int64_t latest = (*m)->LatestStep().value_or(0); latest > reported) {
+      reported = latest;
+      say("committed " + std::to_string(latest));
     }
   }
 }
