@@ -153,6 +153,10 @@ class ManagerImpl {
   ManagerImpl(storage::RootUrl url, Options options) : options_(std::move(options)), url_(std::move(url)), root_(url_.path) {}
   runtime::Loop& loop() { return loop_thread_->loop(); }
   std::string StepName(int64_t step) const { return options_.prefix + std::to_string(step); }
+  // Ok if the manifest read from `path` (step `step`'s) says that step;
+  // else the corruption error naming both. OpenStep and ReadManifest, which
+  // every read of a step goes through, check it.
+  static Status ManifestIsStep(const std::string& path, const format::Manifest& m, int64_t step);
   // The step a directory name is (StepName's inverse), if it is one.
   std::optional<int64_t> StepOfName(std::string_view name) const {
     const std::string& prefix = options_.prefix;

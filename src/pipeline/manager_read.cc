@@ -229,11 +229,14 @@ Task<Result<format::Manifest>> ManagerImpl::ReadManifest(int64_t step) {
   const std::string path = root_ + "/" + StepName(step) + "/manifest.json";
   CO_ASSIGN_OR_RETURN(std::string bytes, co_await ReadManifestBytes(step));
   CO_ASSIGN_OR_RETURN(format::Manifest m, format::ParseManifest(path, bytes));
-  if (m.step != step) {
-    co_return CorruptionError(path + ": says step " + std::to_string(m.step) + ", but the directory is step " +
-                              std::to_string(step));
-  }
+  CO_TRY(ManifestIsStep(path, m, step));
   co_return std::move(m);
+}
+
+Status ManagerImpl::ManifestIsStep(const std::string& path, const format::Manifest& m, int64_t step) {
+  if (m.step == step) return Status::Ok();
+  return CorruptionError(path + ": says step " + std::to_string(m.step) + ", but the directory is step " +
+                         std::to_string(step));
 }
 
 Status ManagerImpl::ExplainReadFailure(int64_t step, Status failure) {

@@ -118,10 +118,7 @@ Task<Result<OpenedCheckpoint>> ManagerImpl::OpenStep(int64_t step, TensorFilter 
   auto none = [](const format::Manifest&) { return std::vector<bool>(); };
   CO_ASSIGN_OR_RETURN(OpenedCheckpoint c, co_await OpenCheckpoint(storage_.get(), name, none));
   c.bytes_read = &bytes_read_;
-  if (c.manifest.step != step) {
-    co_return CorruptionError(c.path + "/manifest.json: says step " + std::to_string(c.manifest.step) +
-                              ", but the directory is step " + std::to_string(step));
-  }
+  CO_TRY(ManifestIsStep(c.path + "/manifest.json", c.manifest, step));
   // Only a local tier holds hosts' parts (a remote store is never asked).
   Result<std::string> part_bytes = NotFoundError(kLocalPartFile);
   if (url_.kind == storage::RootUrl::Kind::kLocal) {

@@ -93,6 +93,15 @@ TEST_CASE("a FIFO named manifest.json is refused at once, not waited on") {
   CHECK((*writer)->Verify(1).ok());  // the other step is untouched
 }
 
+TEST_CASE("a step directory renamed to another step is refused by every reader: its manifest names the step it is") {
+  Fixture f;
+  fs::rename(f.step(2), f.step(7));
+  auto reader = f.Reader();
+  REQUIRE(reader->AllSteps() == std::vector<int64_t>{1, 7});
+  CheckEveryReaderRefuses(*reader, 7, f.step(7) + "/manifest.json: says step 2, but the directory is step 7");
+  CHECK(reader->Verify(1).ok());
+}
+
 TEST_CASE("a FIFO in place of a shard is refused at once") {
   Fixture f;
   fs::remove(f.step(2) + "/" + kShard);
