@@ -412,7 +412,7 @@ def check_target(name, target, dtype_name, global_shape):
     if shape != global_shape:
         raise ValueError(f"tensor {name!r}: the checkpoint has shape {global_shape}, the target {shape}")
     want = np.dtype(target.dtype)
-    have = _dtypes.NUMPY_DTYPES[dtype_name]
+    have = _dtypes.numpy_dtype(dtype_name)
     if want != have:
         raise ValueError(f"tensor {name!r}: the checkpoint has dtype {have}, the target {want}")
 
@@ -424,7 +424,7 @@ def plan_sharded(reads, name, target):
     dtype_name, global_shape, _ = reads.catalog.arrays[name]
     check_target(name, target, dtype_name, global_shape)
     sharding = target.sharding
-    dtype = _dtypes.NUMPY_DTYPES[dtype_name]
+    dtype = _dtypes.numpy_dtype(dtype_name)
     by_box = {}
     devices = []
     for device, index in sharding.addressable_devices_indices_map(global_shape).items():
@@ -447,7 +447,7 @@ def plan_sharded(reads, name, target):
 def plan_whole(reads, name, dtype=None):
     """Queues the reads of a whole array; returns a function giving it as numpy."""
     dtype_name, global_shape, _ = reads.catalog.arrays[name]
-    out = reads.box(name, tuple((0, n) for n in global_shape), dtype or _dtypes.NUMPY_DTYPES[dtype_name])
+    out = reads.box(name, tuple((0, n) for n in global_shape), dtype or _dtypes.numpy_dtype(dtype_name))
     return lambda: out
 
 

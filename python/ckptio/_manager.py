@@ -186,7 +186,7 @@ class CheckpointManager:
         elif catalog.chunked or (target is not None and _tree.has_jax_leaves(target)):
             arrays = self._read_arrays(step, target, catalog, description)
         else:
-            _, _, tensors = self._m.restore(step, _dtypes.NUMPY_DTYPES)
+            _, _, tensors = self._m.restore(step, _dtypes.table({entry[1] for entry in listed}))
             arrays = dict(tensors)
         if target is not None:
             return _tree.like(target, arrays, None if description is _NO_TREE else description)
@@ -232,7 +232,7 @@ class CheckpointManager:
                 kind = (_tree._leaf_kinds(description).get(name) if description is not _NO_TREE else None) \
                     or _tree._ARRAY
                 dtype, shape, _ = catalog.arrays[name]
-                temp = np.empty(shape, _dtypes.NUMPY_DTYPES[dtype])
+                temp = np.empty(shape, _dtypes.numpy_dtype(dtype))
                 reads.into(name, (0,) * len(shape), temp,
                            done=lambda c=container, k=key, t=temp, kd=kind: c.__setitem__(k, _tree._leaf_value(t, kd)))
         if missing:
@@ -255,7 +255,7 @@ class CheckpointManager:
                 builds.append((name, _torch.plan_target(reads, name, leaf)))
             else:
                 dtype, shape, _ = catalog.arrays[name]
-                arrays[name] = np.empty(shape, _dtypes.NUMPY_DTYPES[dtype])
+                arrays[name] = np.empty(shape, _dtypes.numpy_dtype(dtype))
                 reads.into(name, (0,) * len(shape), arrays[name])
         reads.run()
         for name, build in builds:

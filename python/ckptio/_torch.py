@@ -125,7 +125,7 @@ def to_numpy(t, name, host=None):
         t = t.resolve_neg()
     stored = dtype_name(t.dtype)
     if stored in _VIEWS:
-        return t.view(getattr(torch, _VIEWS[stored])).numpy().view(_dtypes.NUMPY_DTYPES[stored])
+        return t.view(getattr(torch, _VIEWS[stored])).numpy().view(_dtypes.numpy_dtype(stored))
     return t.numpy()
 
 
@@ -238,7 +238,7 @@ def _aligned_tensor(shape, stored):
     """A new CPU tensor of `shape` and safetensors dtype `stored` whose memory
     starts page-aligned and is populated in the background (as _jax's restore
     buffers: O_DIRECT reads land in it directly)."""
-    return from_numpy(_jax._aligned_empty(tuple(shape), _dtypes.NUMPY_DTYPES[stored]))
+    return from_numpy(_jax._aligned_empty(tuple(shape), _dtypes.numpy_dtype(stored)))
 
 
 class Reads:
@@ -264,7 +264,7 @@ class Reads:
                 s < 0 or s + n > g for s, n, g in zip(start, shape, global_shape)):
             raise ValueError(f"tensor {name!r}: box at {tuple(start)} of shape {shape} is outside the "
                              f"checkpoint's shape {global_shape}")
-        dtype = _dtypes.NUMPY_DTYPES[stored]
+        dtype = _dtypes.numpy_dtype(stored)
         if is_tensor(dest):
             dest = dest.detach()  # the same memory; a parameter's grad mode does not matter
             direct = (dest.device.type == "cpu" and dest.dtype == torch_dtype(stored) and dest.is_contiguous()
