@@ -13,88 +13,31 @@
 
 #include <coroutine>
 #include <cstddef>
-#include <exception>
-#include <optional>
 #include <tuple>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
+#include "runtime/runner.h"
 #include "runtime/task.h"
 
 namespace ckptio {
 
-struct Void {};
-
 namespace detail {
 
-struct WhenAllState {
+// Counts the children down (from count + 1) and resumes the parent at zero.
+struct WhenAllState final : Notifier {
   explicit WhenAllState(size_t children) : remaining(children + 1) {}
   // Returns true iff this was the last outstanding arrival.
   bool Arrive() { return --remaining == 0; }
+  void Notify() noexcept override {
+    if (Arrive()) parent.resume();
+  }
   size_t remaining;
   std::coroutine_handle<> parent;
 };
 
 template <typename T>
-class WhenAllChild {
- public:
-  using Stored = std::conditional_t<std::is_void_v<T>, Void, T>;
-
-  struct promise_type {
-    WhenAllState* state = nullptr;
-    std::optional<Stored> value;
-    std::exception_ptr exception;
-
-    WhenAllChild get_return_object() noexcept {
-      return WhenAllChild(std::coroutine_handle<promise_type>::from_promise(*this));
-    }
-    std::suspend_always initial_suspend() noexcept { return {}; }
-    struct Final {
-      bool await_ready() noexcept { return false; }
-      void await_suspend(std::coroutine_handle<promise_type> h) noexcept {
-        WhenAllState* s = h.promise().state;
-        if (s->Arrive()) s->parent.resume();
-      }
-      void await_resume() noexcept {}
-    };
-    Final final_suspend() noexcept { return {}; }
-    void unhandled_exception() noexcept { exception = std::current_exception(); }
-    template <typename U>
-    void return_value(U&& v) {
-      value.emplace(std::forward<U>(v));
-    }
-  };
-
-  explicit WhenAllChild(std::coroutine_handle<promise_type> h) : h_(h) {}
-  WhenAllChild(WhenAllChild&& o) noexcept : h_(std::exchange(o.h_, {})) {}
-  WhenAllChild(const WhenAllChild&) = delete;
-  ~WhenAllChild() {
-    if (h_) h_.destroy();
-  }
-
-  void Start(WhenAllState* state) {
-    h_.promise().state = state;
-    h_.resume();
-  }
-  void RethrowIfFailed() const {
-    if (h_.promise().exception) std::rethrow_exception(h_.promise().exception);
-  }
-  Stored Take() { return std::move(*h_.promise().value); }
-
- private:
-  std::coroutine_handle<promise_type> h_;
-};
-
-template <typename T>
-WhenAllChild<T> MakeWhenAllChild(Task<T> task) {
-  if constexpr (std::is_void_v<T>) {
-    co_await task;
-    co_return Void{};
-  } else {
-    co_return co_await task;
-  }
-}
+using WhenAllChild = RunnerTask<T>;
 
 // Starts children via `start(state)`, suspends unless all finished inline.
 template <typename StartAll>
@@ -121,7 +64,7 @@ auto WhenAll(std::vector<Task<T>> tasks)
     -> Task<std::conditional_t<std::is_void_v<T>, void, std::vector<T>>> {
   std::vector<detail::WhenAllChild<T>> children;
   children.reserve(tasks.size());
-  for (auto& t : tasks) children.push_back(detail::MakeWhenAllChild<T>(std::move(t)));
+  for (auto& t : tasks) children.push_back(detail::MakeRunner<T>(std::move(t)));
   detail::WhenAllState state(children.size());
   auto start = [&children](detail::WhenAllState* s) {
     for (auto& c : children) c.Start(s);
@@ -132,7 +75,7 @@ auto WhenAll(std::vector<Task<T>> tasks)
   if constexpr (!std::is_void_v<T>) {
     std::vector<T> out;
     out.reserve(children.size());
-    for (auto& c : children) out.push_back(c.Take());
+    for (auto& c : children) out.push_back(c.TakeStored());
     co_return out;
   }
 }
@@ -140,7 +83,7 @@ auto WhenAll(std::vector<Task<T>> tasks)
 template <typename... Ts>
 auto WhenAll(Task<Ts>... tasks)
     -> Task<std::tuple<typename detail::WhenAllChild<Ts>::Stored...>> {
-  std::tuple<detail::WhenAllChild<Ts>...> children(detail::MakeWhenAllChild<Ts>(std::move(tasks))...);
+  std::tuple<detail::WhenAllChild<Ts>...> children(detail::MakeRunner<Ts>(std::move(tasks))...);
   detail::WhenAllState state(sizeof...(Ts));
   auto start = [&children](detail::WhenAllState* s) {
     std::apply([s](auto&... c) { (c.Start(s), ...); }, children);
@@ -148,7 +91,7 @@ auto WhenAll(Task<Ts>... tasks)
   detail::WhenAllAwaiter<decltype(start)> awaiter(&state, start);
   co_await awaiter;
   std::apply([](auto&... c) { (c.RethrowIfFailed(), ...); }, children);
-  co_return std::apply([](auto&... c) { return std::make_tuple(c.Take()...); }, children);
+  co_return std::apply([](auto&... c) { return std::make_tuple(c.TakeStored()...); }, children);
 }
 
 }  // namespace ckptio
