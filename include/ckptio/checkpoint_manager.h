@@ -33,9 +33,17 @@
 
 namespace ckptio {
 
+class CheckpointManager;
+namespace storage {
+struct RootUrl;
+}  // namespace storage
 namespace pipeline {
 class ManagerImpl;
 struct SaveState;
+// Internal, not exported (src/pipeline/checkpoint_manager.cc): opens a root that the caller has
+// already parsed, so that the CLI, which checks the root first, parses it once.
+Result<std::unique_ptr<CheckpointManager>> OpenParsedRoot(storage::RootUrl root, Options options, bool read_only,
+                                                          std::shared_ptr<Barrier> barrier);
 }  // namespace pipeline
 
 // Reports progress of a long read: bytes done so far, of total. Called on
@@ -268,6 +276,8 @@ class CKPTIO_EXPORT CheckpointManager {
 
  private:
   explicit CheckpointManager(std::unique_ptr<pipeline::ManagerImpl> impl);
+  friend Result<std::unique_ptr<CheckpointManager>> pipeline::OpenParsedRoot(storage::RootUrl, Options, bool,
+                                                                             std::shared_ptr<Barrier>);
   std::unique_ptr<pipeline::ManagerImpl> impl_;
 };
 

@@ -82,8 +82,7 @@ Result<std::unique_ptr<CheckpointManager>> OpenExistingRoot(const std::string& r
     }
     if (!S_ISDIR(st.st_mode)) return InvalidArgumentError("checkpoint root " + path + " is not a directory");
   }
-  if (read_only) return CheckpointManager::OpenReadOnly(root, std::move(options));
-  return CheckpointManager::Open(root, std::move(options));
+  return pipeline::OpenParsedRoot(std::move(url), std::move(options), read_only, /*barrier=*/nullptr);
 }
 
 Result<std::unique_ptr<CheckpointManager>> OpenRootForReading(const Args& args) {

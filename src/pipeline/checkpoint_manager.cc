@@ -79,17 +79,25 @@ SaveTimings SaveHandle::timings() const {
   return state_->timings;
 }
 
-Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(std::string root, Options options,
-                                                                    std::shared_ptr<Barrier> barrier) {
-  ASSIGN_OR_RETURN(auto impl, pipeline::ManagerImpl::Open(std::move(root), std::move(options), /*read_only=*/false,
-                                                          std::move(barrier)));
+namespace pipeline {
+
+Result<std::unique_ptr<CheckpointManager>> OpenParsedRoot(storage::RootUrl root, Options options, bool read_only,
+                                                          std::shared_ptr<Barrier> barrier) {
+  ASSIGN_OR_RETURN(auto impl, ManagerImpl::Open(std::move(root), std::move(options), read_only, std::move(barrier)));
   return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
 }
 
+}  // namespace pipeline
+
+Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(std::string root, Options options,
+                                                                    std::shared_ptr<Barrier> barrier) {
+  ASSIGN_OR_RETURN(storage::RootUrl url, storage::ParseRootUrl(root));
+  return pipeline::OpenParsedRoot(std::move(url), std::move(options), /*read_only=*/false, std::move(barrier));
+}
+
 Result<std::unique_ptr<CheckpointManager>> CheckpointManager::OpenReadOnly(std::string root, Options options) {
-  ASSIGN_OR_RETURN(auto impl,
-                   pipeline::ManagerImpl::Open(std::move(root), std::move(options), /*read_only=*/true, nullptr));
-  return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
+  ASSIGN_OR_RETURN(storage::RootUrl url, storage::ParseRootUrl(root));
+  return pipeline::OpenParsedRoot(std::move(url), std::move(options), /*read_only=*/true, nullptr);
 }
 
 CheckpointManager::CheckpointManager(std::unique_ptr<pipeline::ManagerImpl> impl) : impl_(std::move(impl)) {

@@ -78,9 +78,8 @@ void SaveState::Finish(Status s) {
   cv.notify_all();
 }
 
-Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(std::string root, Options options, bool read_only,
+Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(storage::RootUrl url, Options options, bool read_only,
                                                        std::shared_ptr<Barrier> barrier) {
-  ASSIGN_OR_RETURN(storage::RootUrl url, storage::ParseRootUrl(root));
   if (options.incremental && !read_only) {
     if (options.overwrite) {
       return InvalidArgumentError("incremental saves cannot be combined with overwrite: replacing a step would "

@@ -105,7 +105,7 @@ struct SaveJob {
 
 class ManagerImpl {
  public:
-  static Result<std::unique_ptr<ManagerImpl>> Open(std::string root, Options options, bool read_only,
+  static Result<std::unique_ptr<ManagerImpl>> Open(storage::RootUrl url, Options options, bool read_only,
                                                    std::shared_ptr<Barrier> barrier);
   ~ManagerImpl();
 

@@ -100,7 +100,7 @@ Status ManagerImpl::OpenRemoteTier(bool read_only) {
   }
   auto parsed = storage::ParseRootUrl(options_.tiers.remote);
   if (!parsed.ok()) return parsed.status().WithContext("tiers.remote");
-  const storage::RootUrl& remote_url = *parsed;
+  storage::RootUrl remote_url = std::move(parsed).value();
   if (remote_url.kind == url_.kind && remote_url.path == url_.path) {
     return InvalidArgumentError("tiers.remote is the root itself (" + root_ + "): name another directory or gs:// URL");
   }
@@ -115,7 +115,7 @@ Status ManagerImpl::OpenRemoteTier(bool read_only) {
   // their barrier: each copies at its own pace and leaves its fragment there
   // once its files are sent; process 0 polls for the others' (multihost.cc).
   remote.multihost.barrier = "storage";
-  auto opened = Open(options_.tiers.remote, std::move(remote), read_only, nullptr);
+  auto opened = Open(std::move(remote_url), std::move(remote), read_only, nullptr);
   if (!opened.ok()) return opened.status().WithContext("cannot open the remote tier");
   remote_ = std::move(opened).value();
   remote_files_ = MakeRemoteFiles(remote_->storage_.get(), &remote_->loop(), &bytes_read_remote_);
