@@ -172,8 +172,11 @@ Task<Result<ObjectMeta>> GcsClient::Stat(std::string bucket, std::string name) {
 }
 
 Task<Status> GcsClient::Read(std::string bucket, std::string name, uint64_t offset, size_t len, char* dst,
-                             uint64_t object_size) {
-  if (len == 0) co_return Status::Ok();
+                             uint64_t object_size, uint32_t* crc) {
+  if (len == 0) {
+    if (crc != nullptr) *crc = 0;
+    co_return Status::Ok();
+  }
   const std::string what = "read " + GsUrl(bucket, name);
   std::string url = WithUserProject(ObjectUrl(bucket, name) + "?alt=media");
   const bool whole = offset == 0 && len == object_size;
@@ -183,6 +186,10 @@ Task<Status> GcsClient::Read(std::string bucket, std::string name, uint64_t offs
     if (!whole) r.headers = {"Range: bytes=" + std::to_string(offset) + "-" + std::to_string(offset + len - 1)};
     r.response_buffer = dst;
     r.response_capacity = len;
+    if (crc != nullptr) {
+      *crc = 0;  // each attempt writes dst from its start
+      r.on_body = [crc](const char* data, size_t n) { *crc = format::Crc32cExtend(*crc, data, n); };
+    }
     return r;
   };
   CO_ASSIGN_OR_RETURN(http::Response resp, co_await Call(what, make, std::nullopt));  // data: bounded by stalls
@@ -192,7 +199,7 @@ Task<Status> GcsClient::Read(std::string bucket, std::string name, uint64_t offs
   }
   if (whole) {
     if (auto expected = GoogHashCrc(resp.Header("x-goog-hash"))) {
-      uint32_t got = format::Crc32c(dst, len);
+      uint32_t got = crc != nullptr ? *crc : format::Crc32c(dst, len);
       if (got != *expected) {
         co_return CorruptionError(what + ": the bytes read have CRC32C " + format::Crc32cToHex(got) +
                                   ", the server says " + format::Crc32cToHex(*expected));

@@ -98,9 +98,10 @@ class GcsClient {
   // NotFound if there is no such object.
   Task<Result<ObjectMeta>> Stat(std::string bucket, std::string name);
   // Reads [offset, offset+len) into dst. A read of the whole object is
-  // checked against the x-goog-hash the server sends.
+  // checked against the x-goog-hash the server sends. With `crc`: sets it
+  // to the CRC32C of the bytes read, taken as they arrive.
   Task<Status> Read(std::string bucket, std::string name, uint64_t offset, size_t len, char* dst,
-                    uint64_t object_size);
+                    uint64_t object_size, uint32_t* crc = nullptr);
   // Reads a whole object of at most max_bytes.
   Task<Result<std::string>> ReadAll(std::string bucket, std::string name, uint64_t max_bytes);
   // Every page of objects under prefix (page_size objects per request).

@@ -379,6 +379,7 @@ size_t HttpClient::Impl::OnWrite(char* data, size_t size, size_t n, void* userp)
       t->overflow = true;
       return 0;  // aborts the transfer with CURLE_WRITE_ERROR
     }
+    if (t->request->on_body) t->request->on_body(data, len);
     std::memcpy(t->request->response_buffer + t->response.body_bytes, data, len);
   } else {
     if (t->response.body_bytes + len > t->request->max_body) {

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -56,6 +57,10 @@ struct Request {
   // is an error) instead of into Response::body.
   char* response_buffer = nullptr;
   size_t response_capacity = 0;
+  // If set, called with each block of a 2xx body bound for response_buffer
+  // as it arrives, before it is copied there: the block is still in cache
+  // (e.g. to checksum the body without a second pass over response_buffer).
+  std::function<void(const char* data, size_t len)> on_body;
   // Otherwise (and for error bodies) Response::body holds at most this many
   // bytes; more is an error, so a hostile server cannot make it grow unbounded.
   size_t max_body = size_t{64} << 20;

@@ -173,20 +173,29 @@ Task<void> PieceLane(PieceWork* w) {
           auto populate = [buf, len = p.len] { Populate(buf, len); };
           co_await w->pool->Run(populate);
         }
-        s = co_await f->ReadAt(p.offset, buf, p.len);
-        spans.push_back({buf, p.len});
+        if (f->ChecksumsWhileReading()) {
+          // A remote file: each block checksummed as it arrives, in cache.
+          uint32_t crc = 0;
+          s = co_await f->ReadAtCrc(p.offset, buf, p.len, &crc);
+          (*w->crcs)[i] = crc;
+        } else {
+          s = co_await f->ReadAt(p.offset, buf, p.len);
+          spans.push_back({buf, p.len});
+        }
       }
       if (!s.ok()) {
         if (w->first_error.ok()) w->first_error = std::move(s);
         co_return;
       }
-      const std::vector<struct iovec>* of = &spans;
-      auto crc = [of] {
-        uint32_t c = 0;
-        for (const struct iovec& v : *of) c = format::Crc32cExtend(c, v.iov_base, v.iov_len);
-        return c;
-      };
-      (*w->crcs)[i] = co_await w->pool->Run(crc);
+      if (!spans.empty()) {  // else taken while reading
+        const std::vector<struct iovec>* of = &spans;
+        auto crc = [of] {
+          uint32_t c = 0;
+          for (const struct iovec& v : *of) c = format::Crc32cExtend(c, v.iov_base, v.iov_len);
+          return c;
+        };
+        (*w->crcs)[i] = co_await w->pool->Run(crc);
+      }
     }
     w->done += p.len;
     if (w->ckpt->bytes_read != nullptr) w->ckpt->bytes_read->fetch_add(p.len, std::memory_order_relaxed);

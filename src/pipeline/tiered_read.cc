@@ -29,6 +29,13 @@ class OnLoopFile final : public storage::ReadableFile {
     if (s.ok()) bytes_->fetch_add(len, std::memory_order_relaxed);
     co_return s;
   }
+  bool ChecksumsWhileReading() const override { return inner_->ChecksumsWhileReading(); }
+  Task<Status> ReadAtCrc(uint64_t offset, char* dst, size_t len, uint32_t* crc) override {
+    Task<Status> read = inner_->ReadAtCrc(offset, dst, len, crc);
+    Status s = co_await runtime::OnLoop(*loop_, std::move(read));
+    if (s.ok()) bytes_->fetch_add(len, std::memory_order_relaxed);
+    co_return s;
+  }
   // `iov` is the caller's, alive until this task ends.
   Task<Status> ReadAtV(uint64_t offset, std::span<struct iovec> iov, char* scratch) override {
     size_t len = 0;

@@ -84,7 +84,10 @@ class GcsReadable final : public ReadableFile {
   GcsReadable(GcsStorage* storage, std::string bucket, std::string object, uint64_t size)
       : storage_(storage), bucket_(std::move(bucket)), object_(std::move(object)), size_(size) {}
   uint64_t size() const override { return size_; }
-  Task<Status> ReadAt(uint64_t offset, char* dst, size_t len) override;
+  Task<Status> ReadAt(uint64_t offset, char* dst, size_t len) override { return ReadAtCrc(offset, dst, len, nullptr); }
+  // Each block of the response is checksummed as it arrives, in cache.
+  bool ChecksumsWhileReading() const override { return true; }
+  Task<Status> ReadAtCrc(uint64_t offset, char* dst, size_t len, uint32_t* crc) override;
 
  private:
   GcsStorage* storage_;
@@ -155,14 +158,14 @@ Task<void> ForwardEvent(runtime::AsyncEvent* from, runtime::Loop* loop, runtime:
   co_await runtime::OnLoop(*loop, SetEvent(to));
 }
 
-Task<Status> GcsReadable::ReadAt(uint64_t offset, char* dst, size_t len) {
+Task<Status> GcsReadable::ReadAtCrc(uint64_t offset, char* dst, size_t len, uint32_t* crc) {
   if (offset + len > size_) {
     co_return CorruptionError(GsUrl(bucket_, object_) + ": truncated: wanted " + std::to_string(len) +
                               " bytes at offset " + std::to_string(offset) + ", the object has " +
                               std::to_string(size_));
   }
   Lane& lane = storage_->NextLane();
-  co_return co_await runtime::OnLoop(*lane.loop, lane.client->Read(bucket_, object_, offset, len, dst, size_));
+  co_return co_await runtime::OnLoop(*lane.loop, lane.client->Read(bucket_, object_, offset, len, dst, size_, crc));
 }
 
 Task<Result<std::vector<Entry>>> GcsStorage::List() {

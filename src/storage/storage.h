@@ -25,6 +25,7 @@
 
 #include "base/status_macros.h"
 #include "ckptio/status.h"
+#include "format/crc32c.h"
 #include "runtime/task.h"
 
 namespace ckptio::runtime {
@@ -119,6 +120,17 @@ class ReadableFile {
   virtual bool ReadsDirect(uint64_t offset, const char* dst, size_t len) const {
     (void)offset, (void)dst, (void)len;
     return false;
+  }
+  // Whether ReadAtCrc takes the CRC32C as the bytes arrive (a remote store:
+  // each received block while it is in cache), so that the caller need not
+  // read dst again to checksum it.
+  virtual bool ChecksumsWhileReading() const { return false; }
+  // Reads as ReadAt and sets *crc to the CRC32C of the len bytes read. The
+  // default checksums dst after the read, on the calling thread.
+  virtual Task<Status> ReadAtCrc(uint64_t offset, char* dst, size_t len, uint32_t* crc) {
+    CO_TRY(co_await ReadAt(offset, dst, len));
+    *crc = format::Crc32c(dst, len);
+    co_return Status::Ok();
   }
   // Reads the len bytes at offset into `bounce` (see kBounceSlack) and
   // returns where in it they start, or fails as ReadAt.
