@@ -206,6 +206,8 @@ bench: build venv venv-bench
 	  --out bench/results/pods.md > /dev/null; \
 	step $(VENV_BENCH)/bin/python bench/restore_bench.py --sizes-gib 1,4,8 --reps 1 --ckptio-python $(BUILD)/python \
 	  --torch-python $(PYTHON) --out bench/results/restore.md > /dev/null; \
+	step $(VENV_BENCH)/bin/python bench/gcs_restore_bench.py --size-mib 1024 --reps 1 --ckptio-python $(BUILD)/python \
+	  --out bench/results/gcs_restore.md > /dev/null; \
 	rm -rf bench/results/tmp; \
 	echo "make bench: $$((SECONDS - start)) s in all; load average $$(cut -d' ' -f1-3 /proc/loadavg)" >&2; \
 	cat bench/results/tools.md; exit $$rc
