@@ -290,7 +290,8 @@ def main():
                       f"| {max(r['peak_extra'] for r in rs) / (1 << 20):,.0f} MiB |", flush=True)
             print()
         print(f"Command: `.venv/bin/python bench/torch_bench.py --size-gib {a.size_gib:g} --tensors {a.tensors} "
-              f"--saves {a.saves} --compute-s {a.compute_s} --processes {a.processes}`")
+              f"--saves {a.saves} --compute-s {a.compute_s} --processes {a.processes}"
+              + (f" --python-path {a.python_path}" if a.python_path else "") + "`")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
