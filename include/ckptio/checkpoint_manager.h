@@ -147,6 +147,8 @@ struct ManagerStats {
   // remote tier because its local tier lacked them (a replaced host, a
   // damaged local copy, another process count).
   uint64_t bytes_read_remote = 0;
+  // Staging memory faulted in so far (its background pre-fault's progress).
+  uint64_t staging_resident_bytes = 0;
 };
 
 class CKPTIO_EXPORT CheckpointManager {
@@ -211,6 +213,10 @@ class CKPTIO_EXPORT CheckpointManager {
   Status WaitUntilFinished(Tier tier);
   // Blocks until staging memory is resident, so the next save's snapshot
   // runs at memory speed (the first touch of fresh pages is far slower).
+  // A root that held checkpoints at Open is likely restored first: there an
+  // explicit staging_memory is pre-faulted from the end of the first read,
+  // the first Save or this call, whichever comes first. Never call it
+  // between HoldPrefault() and ReleasePrefault() on the same thread.
   void WaitUntilReady();
 
   // Reads checkpoint `step` (latest committed if nullopt), verifying every
@@ -273,6 +279,15 @@ class CKPTIO_EXPORT CheckpointManager {
   // "/data/ckpt" or "gs://bucket/prefix".
   const std::string& root() const;
   ManagerStats stats() const;
+  // A restore made of several calls (a sharded restore in batches, with the
+  // caller's buffers allocated between them) holds back the background
+  // pre-fault of an explicit staging_memory from the first call to the last:
+  // between HoldPrefault() and ReleasePrefault() (one per hold) it starts no
+  // new chunk, so that the restore's own fresh memory is faulted in first.
+  // Each read call holds it by itself anyway.  A held pre-fault never
+  // delays a save: a save faults in what it needs itself.
+  void HoldPrefault();
+  void ReleasePrefault();
 
  private:
   explicit CheckpointManager(std::unique_ptr<pipeline::ManagerImpl> impl);

@@ -1,5 +1,6 @@
 """CheckpointManager: pytrees in, asynchronous atomic checkpoints out."""
 import atexit
+import contextlib
 import json
 import numbers
 import os
@@ -167,6 +168,18 @@ class CheckpointManager:
 
     # --- reading ----------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _reading(self):
+        """A restore of several calls (batches, buffers allocated between
+        them): the background pre-fault of an explicit staging_memory waits
+        until it ends, so that the restore's fresh memory comes first
+        (CheckpointManager::HoldPrefault)."""
+        self._m.hold_prefault()
+        try:
+            yield
+        finally:
+            self._m.release_prefault()
+
     def restore(self, step=None, target=None):
         """Checkpoint ``step`` (default: the latest), every CRC32C checked.
 
@@ -177,6 +190,10 @@ class CheckpointManager:
 
         A save of that step (or, for the latest, any save) made through this
         manager and still in flight is waited for first."""
+        with self._reading():
+            return self._restore(step, target)
+
+    def _restore(self, step, target):
         step = self._step_to_read(step)
         metadata_json, listed = self._m.tensors(step)  # the manifest, read once here
         catalog = _jax.Catalog(listed)
@@ -207,6 +224,10 @@ class CheckpointManager:
         Python scalars, strings and None in the tree's dicts and lists are
         replaced by the checkpoint's. A leaf whose shape differs from the
         checkpoint's, or that the checkpoint lacks, raises ValueError naming it."""
+        with self._reading():
+            return self._restore_into(step, tree)
+
+    def _restore_into(self, step, tree):
         step = self._step_to_read(step)
         metadata_json, listed = self._m.tensors(step)
         catalog = _jax.Catalog(listed)

@@ -604,6 +604,14 @@ class PyManager {
     return d;
   }
 
+  void HoldPrefault() { Get()->HoldPrefault(); }
+  void ReleasePrefault() { Get()->ReleasePrefault(); }
+  void WaitUntilReady() {
+    std::shared_ptr<CheckpointManager> m = Get();
+    py::gil_scoped_release release;
+    m->WaitUntilReady();
+  }
+
   py::dict Stats() {
     ManagerStats s = Get()->stats();
     py::dict d;
@@ -620,6 +628,7 @@ class PyManager {
     d["bytes_resumed"] = s.bytes_resumed;
     d["steps_seeded"] = s.steps_seeded;
     d["bytes_read_remote"] = s.bytes_read_remote;
+    d["staging_resident_bytes"] = s.staging_resident_bytes;
     return d;
   }
 
@@ -827,6 +836,9 @@ PYBIND11_MODULE(_ckptio, m) {
            py::arg("local") = py::none())
       .def("tensors", &PyManager::Tensors, py::arg("step"))
       .def("restore_slices", &PyManager::RestoreSlices, py::arg("step"), py::arg("slices"))
+      .def("hold_prefault", &PyManager::HoldPrefault)
+      .def("release_prefault", &PyManager::ReleasePrefault)
+      .def("wait_until_ready", &PyManager::WaitUntilReady)
       .def("wait_until_finished", &PyManager::WaitUntilFinished)
       .def("wait_until_replicated", &PyManager::WaitUntilReplicated)
       .def("close", &PyManager::Close)

@@ -174,5 +174,7 @@ void CheckpointManager::SetFinalSave(std::function<void(CheckpointManager&)> fn)
 bool CheckpointManager::preempted() const { return impl_->preempted(); }
 const std::string& CheckpointManager::root() const { return impl_->root(); }
 ManagerStats CheckpointManager::stats() const { return impl_->stats(); }
+void CheckpointManager::HoldPrefault() { impl_->HoldPrefault(); }
+void CheckpointManager::ReleasePrefault() { impl_->ReleasePrefault(); }
 
 }  // namespace ckptio

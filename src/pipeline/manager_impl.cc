@@ -135,7 +135,10 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(storage::RootUrl url, Opt
   // "auto" (0) grows to what the saves take, up to half the memory.
   const uint64_t explicit_bytes = m->options_.staging_memory;
   const uint64_t limit = explicit_bytes != 0 ? explicit_bytes : HalfOfMemory();
-  ASSIGN_OR_RETURN(m->staging_, StagingPool::Create(limit, explicit_bytes, std::move(on_grown)));
+  // A restart (the root holds checkpoints) restores first: see restart_hold_.
+  const bool restart = explicit_bytes != 0 && m->LatestStep().has_value();
+  ASSIGN_OR_RETURN(m->staging_, StagingPool::Create(limit, explicit_bytes, std::move(on_grown), /*held=*/restart));
+  m->restart_hold_ = restart;
   if (!m->per_host()) RETURN_IF_ERROR(m->OpenRemoteTier(/*read_only=*/false));
   m->StartReplicator();
   if (m->options_.preemption.on_sigterm) {
@@ -189,6 +192,7 @@ Status ManagerImpl::CheckWritable(std::string_view what) const {
 Status ManagerImpl::RefreshNow() { return loop().BlockOn(Refresh(/*remove_debris=*/false)); }
 
 void ManagerImpl::WaitUntilReady() {
+  EndRestartHold();  // asked for: the pre-fault goes ahead now
   if (staging_) staging_->WaitPrefaulted();
 }
 
@@ -259,6 +263,7 @@ Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> te
                                      std::shared_ptr<const void> keep_alive,
                                      std::optional<SnapshotMode> snapshot) {
   const Clock::time_point start = Clock::now();
+  EndRestartHold();
   auto job = std::make_shared<SaveJob>();
   job->state = std::make_shared<SaveState>(step);
   job->keep_alive = std::move(keep_alive);
@@ -660,6 +665,7 @@ ManagerStats ManagerImpl::stats() const {
   // tier that this host lacked, and the steps read there whole.
   s.bytes_read_remote =
       bytes_read_remote_.load(std::memory_order_relaxed) + (remote_ ? remote_->bytes_read_.load() : 0);
+  s.staging_resident_bytes = staging_ ? staging_->resident_bytes() : 0;
   return s;
 }
 

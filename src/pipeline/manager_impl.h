@@ -120,6 +120,12 @@ class ManagerImpl {
   Result<int64_t> ReadInOrder(std::optional<int64_t> step, const OrderedReader& reader, uint64_t window);
   std::vector<int64_t> AllSteps() const;
   std::optional<int64_t> LatestStep() const;
+  void HoldPrefault() {
+    if (staging_) staging_->HoldPrefault();
+  }
+  void ReleasePrefault() {
+    if (staging_) staging_->ReleasePrefault();
+  }
   Result<CheckpointInfo> Info(int64_t step);
   Result<VerifyReport> Verify(std::optional<int64_t> step, ProgressFn progress);
   Status Delete(int64_t step);
@@ -307,6 +313,32 @@ class ManagerImpl {
   std::unique_ptr<runtime::LoopThread> loop_thread_;
   std::unique_ptr<storage::Storage> storage_;  // used on the loop thread only
   std::unique_ptr<StagingPool> staging_;
+  // A user's read in progress (Restore, RestoreInto, RestoreSlices,
+  // ReadInOrder, Verify): the staging pre-fault waits for it, and its end
+  // ends the restart hold.
+  class ReadHold {
+   public:
+    explicit ReadHold(ManagerImpl* m) : m_(m) {
+      if (m_->staging_) m_->staging_->HoldPrefault();
+    }
+    ~ReadHold() {
+      if (m_->staging_) m_->staging_->ReleasePrefault();
+      m_->EndRestartHold();
+    }
+    ReadHold(const ReadHold&) = delete;
+    ReadHold& operator=(const ReadHold&) = delete;
+
+   private:
+    ManagerImpl* m_;
+  };
+  // Set at Open when an explicit staging_memory would be pre-faulted in a
+  // root that already holds checkpoints (a restart: it restores first): the
+  // pre-fault waits until the first read ends or the first save starts, so
+  // that the restore's own buffers are faulted in first.
+  std::atomic<bool> restart_hold_{false};
+  void EndRestartHold() {
+    if (restart_hold_.exchange(false) && staging_) staging_->ReleasePrefault();
+  }
   std::unique_ptr<runtime::Tracer> tracer_;  // null unless trace.path is set
   CheckpointManager* public_ = nullptr;
   std::shared_ptr<Barrier> barrier_;                 // null: the storage fallback

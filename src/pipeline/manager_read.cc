@@ -80,6 +80,7 @@ Task<Result<RestoredCheckpoint>> ManagerImpl::RestoreTask(int64_t step, const Pr
 }
 
 Result<RestoredCheckpoint> ManagerImpl::Restore(std::optional<int64_t> step, ProgressFn progress) {
+  ReadHold hold(this);
   ASSIGN_OR_RETURN(int64_t s, PinStep(step));
   auto r = loop().BlockOn(RestoreTask(s, &progress));
   Unpin(s);
@@ -195,6 +196,7 @@ Task<Status> ManagerImpl::RestoreSlicesTask(int64_t step, std::span<const Tensor
 }
 
 Result<int64_t> ManagerImpl::RestoreSlices(std::optional<int64_t> step, std::span<const TensorSlice> slices) {
+  ReadHold hold(this);
   ASSIGN_OR_RETURN(int64_t s, PinStep(step));
   Status st = loop().BlockOn(RestoreSlicesTask(s, slices));
   Unpin(s);
@@ -203,6 +205,7 @@ Result<int64_t> ManagerImpl::RestoreSlices(std::optional<int64_t> step, std::spa
 }
 
 Result<int64_t> ManagerImpl::RestoreInto(std::optional<int64_t> step, std::span<const MutableTensorRef> tensors) {
+  ReadHold hold(this);
   ASSIGN_OR_RETURN(int64_t s, PinStep(step));
   Status st = loop().BlockOn(RestoreIntoTask(s, tensors));
   Unpin(s);
@@ -286,6 +289,7 @@ Task<Result<VerifyReport>> ManagerImpl::VerifyTask(int64_t step, const ProgressF
 }
 
 Result<VerifyReport> ManagerImpl::Verify(std::optional<int64_t> step, ProgressFn progress) {
+  ReadHold hold(this);
   ASSIGN_OR_RETURN(int64_t s, PinStep(step));
   auto r = loop().BlockOn(VerifyTask(s, &progress));
   Unpin(s);

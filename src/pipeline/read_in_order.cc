@@ -126,6 +126,7 @@ Task<void> ManagerImpl::CloseCheckpoint(OpenedCheckpoint c) {
 }
 
 Result<int64_t> ManagerImpl::ReadInOrder(std::optional<int64_t> step, const OrderedReader& reader, uint64_t window) {
+  ReadHold hold(this);
   ASSIGN_OR_RETURN(int64_t s, PinStep(step));
   Status st = ReadInOrderPinned(s, reader, window);
   Unpin(s);

@@ -18,8 +18,10 @@ constexpr uint64_t kPrefaultChunk = uint64_t{64} << 20;
 using base::RoundUp;
 }  // namespace
 
-Result<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t limit, uint64_t resident, GrownFn on_grown) {
+Result<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t limit, uint64_t resident, GrownFn on_grown,
+                                                         bool held) {
   std::unique_ptr<StagingPool> pool(new StagingPool());
+  pool->holds_ = held ? 1 : 0;
   pool->on_grown_ = std::move(on_grown);
   // Whole pages, and never more than the limit (staging_memory is a bound).
   pool->capacity_ = std::max<uint64_t>(limit / kAlign * kAlign, kAlign);
@@ -57,6 +59,19 @@ void StagingPool::StopPrefault() {
   if (prefault_.joinable()) prefault_.join();
 }
 
+void StagingPool::HoldPrefault() {
+  std::lock_guard lock(mu_);
+  ++holds_;
+}
+
+void StagingPool::ReleasePrefault() {
+  {
+    std::lock_guard lock(mu_);
+    --holds_;
+  }
+  cv_.notify_all();
+}
+
 void StagingPool::WantResident(uint64_t end) {
   end = std::min(RoundUp(end, kGrowStep), capacity_);
   if (end <= target_) return;
@@ -68,7 +83,7 @@ void StagingPool::PrefaultLoop() {
   pthread_setname_np(pthread_self(), "ckptio-prefault");
   std::unique_lock lock(mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stop_ || resident_ < target_; });
+    cv_.wait(lock, [this] { return stop_ || (resident_ < target_ && holds_ == 0); });
     if (stop_) break;
     const uint64_t off = resident_;
     const uint64_t n = std::min(kPrefaultChunk, target_ - off);

@@ -169,6 +169,35 @@ TEST_CASE("every dtype round-trips bit-exact") {
   CHECK(nlohmann::json::parse(r->metadata_json) == nlohmann::json{{"epoch", 3}, {"note", "all dtypes"}});
 }
 
+TEST_CASE("a restart with an explicit staging_memory pre-faults it after the first restore, the first save, or WaitUntilReady") {
+  TempDir dir;
+  auto ts = State(5);
+  auto refs = Refs(ts);
+  {
+    auto m = OpenOrDie(dir.path(), SmallOptions());
+    REQUIRE(m->Save(5, refs)->Wait().ok());
+  }
+  for (const char* first : {"restore", "save", "wait", "held restore"}) {
+    CAPTURE(first);
+    auto m = OpenOrDie(dir.path(), SmallOptions());  // the root holds step 5: a restart
+    if (std::string(first) == "restore") {
+      auto r = m->Restore();
+      REQUIRE(r.ok());
+      CheckEqual(*r, ts);
+    } else if (std::string(first) == "save") {
+      REQUIRE(m->Save(6, refs)->Wait().ok());
+    } else if (std::string(first) == "held restore") {
+      m->HoldPrefault();  // a restore of several calls
+      auto r = m->Restore();
+      REQUIRE(r.ok());
+      CheckEqual(*r, ts);
+      m->ReleasePrefault();
+    }
+    m->WaitUntilReady();  // returns: nothing holds the pre-fault any more (a hold left would hang here)
+    CHECK(m->stats().staging_resident_bytes == SmallOptions().staging_memory);
+  }
+}
+
 TEST_CASE("a save returns once the snapshot is taken, so the caller may overwrite its buffers") {
   TempDir dir;
   auto m = OpenOrDie(dir.path(), SmallOptions());

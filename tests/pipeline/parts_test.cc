@@ -149,6 +149,20 @@ TEST_CASE("StagingPool makes Create's resident bytes resident at once, never pas
   CHECK(exact->resident_bytes() == 3 * kMiB);
 }
 
+TEST_CASE("StagingPool created held pre-faults nothing until the last hold is released") {
+  auto created = StagingPool::Create(64 * kMiB, 8 * kMiB, {}, /*held=*/true);
+  REQUIRE(created.ok());
+  auto pool = std::move(created).value();
+  pool->HoldPrefault();  // a second hold: counted
+  REQUIRE(pool->TryAllocate(16 * kMiB) == 0);  // a save still gets its region (and faults it in itself)
+  CHECK(pool->resident_bytes() == 0);
+  pool->ReleasePrefault();
+  CHECK(pool->resident_bytes() == 0);  // one hold left
+  pool->ReleasePrefault();
+  pool->WaitPrefaulted();  // returns only once the thread ran again
+  CHECK(pool->resident_bytes() == 16 * kMiB);
+}
+
 TEST_CASE("StagingPool tells on_grown each time the resident part has caught up") {
   std::mutex mu;
   std::condition_variable cv;

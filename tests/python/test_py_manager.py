@@ -436,3 +436,30 @@ def test_cold_restores_read_around_the_page_cache_into_any_memory_bytes_equal(tm
             assert targets[name].tobytes() == value.tobytes(), name
         if direct:
             assert max(_cached_fraction(p) for p in shards) < 0.25
+
+
+def test_a_restart_restores_before_its_explicit_staging_is_prefaulted(tmp_path):
+    # A root that holds checkpoints is restored first: the pre-fault of an
+    # explicit staging_memory waits for the restore (all of its calls), then
+    # goes ahead; a restore or restore_into that fails releases it too.
+    state = {"w": np.arange(1 << 20, dtype=np.float32), "b": np.ones(7, np.int32)}
+    with ckptio.CheckpointManager(tmp_path, staging_memory="16MiB") as m:
+        m.save(1, state)
+        m.wait_until_finished()
+    with ckptio.CheckpointManager(tmp_path, staging_memory="16MiB") as m:
+        with pytest.raises(ValueError):
+            m.restore_into(1, {"w": np.zeros(3, np.float32)})  # the wrong shape
+        back = m.restore(1)
+        assert back["w"].tobytes() == state["w"].tobytes() and back["b"].tobytes() == state["b"].tobytes()
+        m.save(2, state)
+        m.wait_until_finished()
+        m._m.wait_until_ready()
+        assert m.stats()["staging_resident_bytes"] == 16 << 20
+    with ckptio.CheckpointManager(tmp_path, staging_memory="16MiB") as m:
+        into = {"w": np.zeros(1 << 20, np.float32), "b": np.zeros(7, np.int32)}
+        assert m.restore_into(2, into) == 2
+        assert into["w"].tobytes() == state["w"].tobytes()
+        # Every hold was released (a failed restore_into's too): the pre-fault
+        # runs to the end (a hold left would hang here).
+        m._m.wait_until_ready()
+        assert m.stats()["staging_resident_bytes"] == 16 << 20
