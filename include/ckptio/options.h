@@ -37,7 +37,9 @@ struct Options {
   //  0 ("auto"): grows to what the saves need (up to half the machine's
   //    memory), faulted in as it grows: a small state costs small memory.
   //  N: pre-faulted in the background right after Open, so that even the
-  //    first save copies into warm memory.
+  //    first save copies into warm memory (never while a restore runs; in
+  //    a root that holds checkpoints, from the end of the first restore or
+  //    the first save).
   // A save that needs more than the bound is written straight from the
   // caller's buffers and Save() returns once it is written (the trainer
   // waits for the write instead of a copy; warned once).
