@@ -50,24 +50,7 @@ MIB = 1 << 20
 PIECE = 16 * MIB  # src/pipeline/reader.cc kPiece
 
 sys.path.insert(0, HERE)
-from restore_bench import COMMON, state_bytes  # noqa: E402  (the layout, hash and check)
-
-SAVE = COMMON + r"""
-sys.path.insert(0, args["ckptio_python"])
-state = nest((name, make(seed, shape)) for seed, (name, shape) in enumerate(LAYOUT))
-if args["tool"] == "ckptio":
-    import ckptio
-    with ckptio.CheckpointManager(args["root"]) as mgr:
-        mgr.save(1, state)
-        mgr.wait_until_finished()
-else:
-    import orbax.checkpoint as ocp
-    ckptr = ocp.StandardCheckpointer()
-    ckptr.save(args["root"], state)
-    ckptr.wait_until_finished()
-    ckptr.close()
-print("RESULT " + json.dumps({"ok": True}))
-"""
+from restore_bench import COMMON, SAVE, state_bytes  # noqa: E402  (the layout, hash, check and save)
 
 RESTORE = COMMON + r"""
 import resource
