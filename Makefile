@@ -169,7 +169,7 @@ $(VENV_BENCH)/.installed: bench/requirements.txt
 
 venv-bench: deps $(VENV_BENCH)/.installed
 
-# Every benchmark, sized to finish in about 35 minutes (sharded_bench.py: 7.5, torch_bench.py: ~6, pods_bench.py: ~5, restore_bench.py: ~4, incremental_bench.py: 3, tiers_bench.py: 2) on a 2-core VM; tables go to
+# Every benchmark, sized to finish in about 40 minutes (pods_bench.py: ~10, sharded_bench.py: 7.5, torch_bench.py: ~6, restore_bench.py: ~4, incremental_bench.py: 3, tiers_bench.py: 2, gcs_restore_bench.py: ~1) on a 2-core VM; tables go to
 # bench/results/*.md (seed_experiment also writes its traces and SVG timelines there).
 # tools_compare runs one repetition here; the committed bench/results/tools.md is its
 # three-repetition run (`--reps 3 --compute-kind idle,busy`, about 12 minutes on its own).
