@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,7 @@ MIB = 1 << 20
 PIECE = 16 * MIB  # src/pipeline/reader.cc kPiece
 
 sys.path.insert(0, HERE)
-from restore_bench import COMMON, SAVE, state_bytes  # noqa: E402  (the layout, hash, check and save)
+from restore_bench import COMMON, SAVE, run, spread, state_bytes  # noqa: E402  (layout, hash, check, save, report)
 
 RESTORE = COMMON + r"""
 import resource
@@ -101,16 +100,6 @@ else:
     check(flat)
 print("RESULT " + json.dumps({"seconds": seconds, "cpu": cpu_seconds}))
 """
-
-
-def run(script, args, env, timeout=1800):
-    p = subprocess.run([sys.executable, "-c", script, json.dumps(args)], capture_output=True, text=True,
-                       timeout=timeout, env=env)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-    return {"error": f"exit {p.returncode}: {tail[:300]}"}
 
 
 def get_json(url):
@@ -183,15 +172,6 @@ def curl_first(manifest_url, first):
     return {"seconds": manifest_total + total, "ttfb": ttfb}
 
 
-def spread(xs, fmt):
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "-"
-    if len(xs) == 1:
-        return fmt(xs[0])
-    return f"{fmt(statistics.median(xs))} ({fmt(min(xs))}–{fmt(max(xs))})"
-
-
 def inside(a):
     endpoint = os.environ["CKPTIO_TEST_EMULATOR"]  # direct, not through the fault proxy
     bucket = os.environ["CKPTIO_TEST_BUCKET"]
@@ -203,7 +183,7 @@ def inside(a):
     roots = {"ckptio": f"gs://{bucket}/restore/ckptio", "orbax": f"gs://{bucket}/restore/orbax"}
     for tool in ("ckptio", "orbax"):
         t0 = time.perf_counter()
-        r = run(SAVE, dict(base, tool=tool, root=roots[tool]), env)
+        r = run(sys.executable, SAVE, dict(base, tool=tool, root=roots[tool]), env=env)
         print(f"save {tool}: {r} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         if "error" in r:
             if tool == "ckptio":
@@ -211,6 +191,10 @@ def inside(a):
             a.orbax_error = r["error"]
     manifest_url, ranges, first = plan(endpoint, bucket, "restore/ckptio/")
     expected = sum(b - a_ + 1 for _, a_, b in ranges)
+
+    def restore(row, **kw):  # a restore of ckptio's copy in a fresh process
+        return run(sys.executable, RESTORE, dict(base, row=row, root=roots["ckptio"], **kw), env=env)
+
     results = {"ckptio": {c: [] for c in a.conns}, "into-warm": {c: [] for c in a.conns},
                "curl": {c: [] for c in a.conns}, "orbax": [],
                "first": [], "curl-first": []}
@@ -223,19 +207,19 @@ def inside(a):
                 r = curl_all(cfg, c, expected)
                 results["curl"][c].append(r)
                 print(f"rep {rep + 1} curl {c}: {r}", file=sys.stderr)
-                r = run(RESTORE, dict(base, row="ckptio", root=roots["ckptio"], connections=c), env)
+                r = restore("ckptio", connections=c)
                 results["ckptio"][c].append(r)
                 print(f"rep {rep + 1} ckptio {c}: {r}", file=sys.stderr)
-                r = run(RESTORE, dict(base, row="into-warm", root=roots["ckptio"], connections=c), env)
+                r = restore("into-warm", connections=c)
                 results["into-warm"][c].append(r)
                 print(f"rep {rep + 1} into-warm {c}: {r}", file=sys.stderr)
             r = curl_first(manifest_url, first)
             results["curl-first"].append(r)
-            r = run(RESTORE, dict(base, row="first", root=roots["ckptio"], connections=max(a.conns)), env)
+            r = restore("first", connections=max(a.conns))
             results["first"].append(r)
             print(f"rep {rep + 1} first tensor: ckptio {r}, curl {results['curl-first'][-1]}", file=sys.stderr)
             if not getattr(a, "orbax_error", None):
-                r = run(RESTORE, dict(base, row="orbax", root=roots["orbax"]), env)
+                r = run(sys.executable, RESTORE, dict(base, row="orbax", root=roots["orbax"]), env=env)
                 results["orbax"].append(r)
                 print(f"rep {rep + 1} orbax: {r}", file=sys.stderr)
     finally:

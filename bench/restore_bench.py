@@ -186,8 +186,9 @@ print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0}))
 """
 
 
-def run(python, script, args, timeout=1800):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+def run(python, script, args, timeout=1800, env=None):
+    """Runs `script` in a fresh `python` (JAX on CPU) with `args` as JSON: its RESULT line, or an error."""
+    env = dict(os.environ if env is None else env, JAX_PLATFORMS="cpu")
     p = subprocess.run([python, "-c", script, json.dumps(args)], capture_output=True, text=True, timeout=timeout,
                        env=env)
     for line in p.stdout.splitlines():
