@@ -318,11 +318,9 @@ class ManagerImpl {
   // ends the restart hold.
   class ReadHold {
    public:
-    explicit ReadHold(ManagerImpl* m) : m_(m) {
-      if (m_->staging_) m_->staging_->HoldPrefault();
-    }
+    explicit ReadHold(ManagerImpl* m) : m_(m) { m_->HoldPrefault(); }
     ~ReadHold() {
-      if (m_->staging_) m_->staging_->ReleasePrefault();
+      m_->ReleasePrefault();
       m_->EndRestartHold();
     }
     ReadHold(const ReadHold&) = delete;
