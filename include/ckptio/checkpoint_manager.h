@@ -50,6 +50,13 @@ Result<std::unique_ptr<CheckpointManager>> OpenParsedRoot(storage::RootUrl root,
 // ckptio's loop thread; keep it quick.
 using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 
+// Run by a save once its copy into staging is taken (snapshot "copy" and
+// "background"), on the thread that took it, before anything is written: a
+// failure fails the save with that status, and nothing of it is committed.
+// How a caller that can tell whether its buffers changed during the copy
+// (torch's version counters) refuses a torn snapshot.
+using SnapshotCheck = std::function<Status()>;
+
 struct SaveTimings {
   double snapshot_seconds = 0;  // the time Save() blocked the caller
   double persist_seconds = 0;   // from the snapshot to the durable commit
@@ -65,8 +72,11 @@ class CKPTIO_EXPORT SaveHandle {
   int64_t step() const;
   // True if the save was dropped because staging was full (on_busy: skip).
   bool skipped() const;
-  // Returns once the snapshot is taken (it already is when Save() returns;
-  // kept so callers can write code that does not depend on that).
+  // Returns once the snapshot is taken, when the caller may change the
+  // buffers it saved: at once in "copy" mode (it was taken in Save()), once
+  // the copy is done in "background" mode, once the save has ended in
+  // "borrow" mode. Returns the SnapshotCheck's failure, or that of the save
+  // if it ended first.
   Status WaitSnapshot() const;
   // Blocks until the save has ended; returns its final status (OK once the
   // checkpoint is committed durably; pruning older checkpoints follows).
@@ -196,9 +206,14 @@ class CKPTIO_EXPORT CheckpointManager {
   // temporary contiguous copy) lends them for the length of a save.
   // `snapshot`, if set, is this save's mode instead of options.snapshot: a
   // caller that knows its buffers are immutable (jax arrays) borrows them.
+  // `check`, if set, runs once the copy is taken (SnapshotCheck).
   Result<SaveHandle> Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
                           std::shared_ptr<const void> keep_alive,
-                          std::optional<SnapshotMode> snapshot = std::nullopt);
+                          std::optional<SnapshotMode> snapshot = std::nullopt, SnapshotCheck check = {});
+  // Blocks until the snapshot of every save admitted so far is taken (snapshot
+  // "background"): then the caller may change any buffer it saved. Returns at
+  // once in the other modes.
+  void WaitSnapshots();
 
   // Blocks until no save is in flight (committed and pruned). Returns the
   // background failures not yet reported, if any: one Status naming every

@@ -19,6 +19,13 @@ namespace ckptio {
 enum class SnapshotMode {
   kCopy,    // copy tensors into staging; the caller may mutate them once save() returns
   kBorrow,  // no copy: the caller promises its buffers stay unchanged until the save ends
+  // Copy into staging on a ckptio thread: save() returns once the save is
+  // admitted (staging reserved), before the copy. The caller promises its
+  // buffers stay unchanged until SaveHandle::WaitSnapshot() returns (or
+  // CheckpointManager::WaitSnapshots()), which is when the copy is done:
+  // a trainer whose next write to the state is an optimizer step waits
+  // there, and the copy overlaps its forward and backward passes.
+  kBackground,
 };
 
 enum class SnapshotCrc {

@@ -130,7 +130,8 @@ Status CheckBarrierKind(std::string_view v) {
 // ---- Enum choices ----
 
 constexpr Choice<SnapshotMode> kSnapshotChoices[] = {
-    {"\"copy\"", SnapshotMode::kCopy}, {"\"borrow\"", SnapshotMode::kBorrow}};
+    {"\"copy\"", SnapshotMode::kCopy}, {"\"borrow\"", SnapshotMode::kBorrow},
+    {"\"background\"", SnapshotMode::kBackground}};
 constexpr Choice<SnapshotCrc> kSnapshotCrcChoices[] = {
     {"\"background\"", SnapshotCrc::kBackground}, {"\"fused\"", SnapshotCrc::kFused}};
 constexpr Choice<OnBusy> kOnBusyChoices[] = {
@@ -200,7 +201,8 @@ const std::vector<Knob>& Table() {
            1),
       Enum<SnapshotMode>(CKPTIO_KNOB(snapshot),
            "\"copy\": copy tensors into staging; \"borrow\": no copy, buffers must stay "
-           "unchanged until the save ends.", kSnapshotChoices),
+           "unchanged until the save ends; \"background\": copy on a ckptio thread after save() "
+           "returns, buffers must stay unchanged until wait_snapshot().", kSnapshotChoices),
       Enum<SnapshotCrc>(CKPTIO_KNOB(snapshot_crc),
            "Copy mode: \"background\" computes CRC32C while shards are written (the trainer waits "
            "for the copy only); \"fused\" computes it during the copy.", kSnapshotCrcChoices),

@@ -46,7 +46,10 @@ bool SaveHandle::skipped() const { return state_ && state_->skipped; }
 Status SaveHandle::WaitSnapshot() const {
   if (!state_) return FailedPreconditionError("empty SaveHandle");
   if (state_->skipped) return Wait();
-  return Status::Ok();
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->snapshot_taken || state_->done; });
+  if (!state_->snapshot_taken) return state_->status;  // borrowed: the save has ended
+  return state_->snapshot_status;
 }
 
 Status SaveHandle::Wait() const {
@@ -119,9 +122,10 @@ Result<int64_t> CheckpointManager::ReadInOrder(std::optional<int64_t> step, cons
 
 Result<SaveHandle> CheckpointManager::Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
                                            std::shared_ptr<const void> keep_alive,
-                                           std::optional<SnapshotMode> snapshot) {
-  return impl_->Save(step, tensors, std::move(metadata_json), std::move(keep_alive), snapshot);
+                                           std::optional<SnapshotMode> snapshot, SnapshotCheck check) {
+  return impl_->Save(step, tensors, std::move(metadata_json), std::move(keep_alive), snapshot, std::move(check));
 }
+void CheckpointManager::WaitSnapshots() { impl_->WaitSnapshots(); }
 Status CheckpointManager::WaitUntilFinished() { return impl_->WaitUntilFinished(); }
 Status CheckpointManager::WaitUntilFinished(Tier tier) {
   Status local = impl_->WaitUntilFinished();

@@ -69,6 +69,15 @@ void SaveState::MarkReleased() {
   cv.notify_all();
 }
 
+void SaveState::MarkSnapshotTaken(Status s) {
+  {
+    std::lock_guard lock(mu);
+    snapshot_status = std::move(s);
+    snapshot_taken = true;
+  }
+  cv.notify_all();
+}
+
 void SaveState::Finish(Status s) {
   {
     std::lock_guard lock(mu);
@@ -163,6 +172,14 @@ ManagerImpl::~ManagerImpl() {
   {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [this] { return in_flight_ == 0; });
+  }
+  if (snapshot_thread_.joinable()) {  // idle now: every admitted save has ended
+    {
+      std::lock_guard lock(snapshot_mu_);
+      snapshot_stop_ = true;
+    }
+    snapshot_cv_.notify_all();
+    snapshot_thread_.join();
   }
   StopReplicator();  // after the saves: they queue copies
   remote_.reset();
@@ -261,7 +278,7 @@ Result<SaveHandle> ManagerImpl::Skip(std::shared_ptr<SaveState> state, const std
 
 Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
                                      std::shared_ptr<const void> keep_alive,
-                                     std::optional<SnapshotMode> snapshot) {
+                                     std::optional<SnapshotMode> snapshot, SnapshotCheck check) {
   const Clock::time_point start = Clock::now();
   EndRestartHold();
   auto job = std::make_shared<SaveJob>();
@@ -332,25 +349,33 @@ Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> te
     job->previous = std::exchange(last_job_, job);
   }
   job->region = staging_->base() + *job->staging_offset;
-  const Clock::time_point snapshot_start = Clock::now();
-  TakeSnapshot(job.get());
-  // A copy no longer needs the caller's buffers; borrowed ones stay held
-  // until written (ReleaseStaging).
-  if (!job->plan.borrow) job->keep_alive.reset();
-  job->snapshot_end = Clock::now();
-  if (tracer_) {
-    tracer_->Span(runtime::Track::kSnapshot, "snapshot " + std::to_string(step), snapshot_start, job->snapshot_end,
-                  "{\"bytes\":" + std::to_string(job->plan.checkpoint_bytes) + "}");
-    tracer_->Span(runtime::Track::kTrainer, "Save(" + std::to_string(step) + ")", start, job->snapshot_end);
-  }
+  job->check = std::move(check);
   {
     std::lock_guard lock(job->state->mu);
-    job->state->timings.snapshot_seconds = std::chrono::duration<double>(job->snapshot_end - start).count();
     job->state->timings.bytes = job->plan.checkpoint_bytes;
   }
-  ManagerImpl* self = this;
-  if (job->written_before_return) storage_->SetWaitedOn(true);  // before any write starts
-  loop().Post([self, job] { runtime::Spawn(self->RunSave(job)); });
+  const bool background =
+      !job->plan.borrow && snapshot.value_or(options_.snapshot) == SnapshotMode::kBackground;
+  if (background) {
+    // The copy waits its turn on the snapshot thread (admission order), and
+    // the caller goes back to training: it changes nothing it saved until
+    // WaitSnapshot().
+    {
+      std::lock_guard lock(snapshot_mu_);
+      snapshot_queue_.push_back(job);
+      if (!snapshot_thread_.joinable()) snapshot_thread_ = std::thread([this] { SnapshotThread(); });
+    }
+    snapshot_cv_.notify_all();
+  } else {
+    if (job->written_before_return) storage_->SetWaitedOn(true);  // before any write starts
+    SnapshotAndPost(job, Clock::now());
+  }
+  const Clock::time_point returned = Clock::now();
+  if (tracer_) tracer_->Span(runtime::Track::kTrainer, "Save(" + std::to_string(step) + ")", start, returned);
+  {
+    std::lock_guard lock(job->state->mu);
+    job->state->timings.snapshot_seconds = std::chrono::duration<double>(returned - start).count();
+  }
   if (job->written_before_return) {
     std::unique_lock lock(job->state->mu);
     job->state->cv.wait(lock, [&] { return job->state->released || job->state->done; });
@@ -358,6 +383,47 @@ Result<SaveHandle> ManagerImpl::Save(int64_t step, std::span<const TensorRef> te
     job->state->timings.snapshot_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   }
   return SaveHandle(job->state);
+}
+
+void ManagerImpl::SnapshotAndPost(const std::shared_ptr<SaveJob>& job, Clock::time_point snapshot_start) {
+  TakeSnapshot(job.get());
+  if (!job->plan.borrow) {
+    if (job->check) job->snapshot_status = job->check();
+    // A copy no longer needs the caller's buffers; borrowed ones stay held
+    // until written (ReleaseStaging).
+    job->keep_alive.reset();
+  }
+  job->check = nullptr;  // it may hold the caller's objects too
+  job->snapshot_end = Clock::now();
+  if (tracer_) {
+    tracer_->Span(runtime::Track::kSnapshot, "snapshot " + std::to_string(job->plan.step), snapshot_start,
+                  job->snapshot_end, "{\"bytes\":" + std::to_string(job->plan.checkpoint_bytes) + "}");
+  }
+  if (!job->plan.borrow) job->state->MarkSnapshotTaken(job->snapshot_status);
+  ManagerImpl* self = this;
+  loop().Post([self, job] { runtime::Spawn(self->RunSave(job)); });
+}
+
+void ManagerImpl::SnapshotThread() {
+  std::unique_lock lock(snapshot_mu_);
+  for (;;) {
+    snapshot_cv_.wait(lock, [this] { return snapshot_stop_ || !snapshot_queue_.empty(); });
+    if (snapshot_queue_.empty()) return;  // stopping, nothing left
+    std::shared_ptr<SaveJob> job = std::move(snapshot_queue_.front());
+    snapshot_queue_.pop_front();
+    snapshot_busy_ = true;
+    lock.unlock();
+    SnapshotAndPost(job, Clock::now());
+    job.reset();
+    lock.lock();
+    snapshot_busy_ = false;
+    snapshot_cv_.notify_all();
+  }
+}
+
+void ManagerImpl::WaitSnapshots() {
+  std::unique_lock lock(snapshot_mu_);
+  snapshot_cv_.wait(lock, [this] { return snapshot_queue_.empty() && !snapshot_busy_; });
 }
 
 void ManagerImpl::TakeSnapshot(SaveJob* job) {
@@ -486,6 +552,9 @@ void ManagerImpl::ReleaseStaging(SaveJob* job) {
 }
 
 Task<Status> ManagerImpl::WriteShards(SaveJob* job, storage::CheckpointWriter* writer) {
+  // A snapshot its check refused (the caller's buffers changed during the
+  // copy) is never written: the save fails as a write would.
+  if (!job->snapshot_status.ok()) co_return job->snapshot_status;
   // An incremental save knows what to write once every tensor is hashed;
   // otherwise the checksums are computed while the shards are written.
   const bool incremental = options_.incremental;

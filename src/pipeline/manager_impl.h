@@ -3,7 +3,8 @@
 //
 // Threads: the public methods run on the caller's thread. Save() admits the
 // save (staging, max_in_flight), takes the snapshot on the caller's thread
-// plus the CPU pool, and posts the rest to the loop thread, which writes the
+// plus the CPU pool (snapshot "background": on the snapshot thread, after
+// Save() returned), and posts the rest to the loop thread, which writes the
 // shards, commits in admission order, prunes, and finishes the handle. Other
 // public methods run their I/O on the loop thread through Loop::BlockOn.
 // Shared state is guarded by mu_, which is never held across a co_await or a
@@ -61,10 +62,16 @@ struct SaveState {
   mutable std::condition_variable cv;
   bool done = false;     // guarded by mu
   bool released = false;  // the caller's buffers are no longer read; guarded by mu
+  // The copy is taken (in Save(), or later on the snapshot thread in
+  // background mode; never set in borrow mode), and its SnapshotCheck's
+  // status. Guarded by mu.
+  bool snapshot_taken = false;
+  Status snapshot_status;
   Status status;         // guarded by mu
   SaveTimings timings;   // guarded by mu
 
   void MarkReleased();
+  void MarkSnapshotTaken(Status s);
   void Finish(Status s);
 };
 
@@ -90,6 +97,10 @@ struct SaveJob {
   bool written_before_return = false;
   runtime::AsyncEvent ended;          // set when committed or failed
   Clock::time_point snapshot_end;
+  // Run once the copy is taken (Save's `check`); a failure fails the save
+  // before anything is written (WriteShards).
+  SnapshotCheck check;
+  Status snapshot_status;
   // ---- incremental saves (Options::incremental) ----
   std::vector<Chunk> hash_chunks;          // fused CRC: the chunks hashed in the background
   std::vector<format::Hash128> chunk_hash;  // of crc_chunks, or of hash_chunks
@@ -110,7 +121,10 @@ class ManagerImpl {
   ~ManagerImpl();
 
   Result<SaveHandle> Save(int64_t step, std::span<const TensorRef> tensors, std::string metadata_json,
-                          std::shared_ptr<const void> keep_alive, std::optional<SnapshotMode> snapshot = std::nullopt);
+                          std::shared_ptr<const void> keep_alive, std::optional<SnapshotMode> snapshot = std::nullopt,
+                          SnapshotCheck check = {});
+  // Blocks until every admitted save's snapshot is taken.
+  void WaitSnapshots();
   Status WaitUntilFinished();
   void WaitUntilReady();
   Status RefreshNow();
@@ -239,6 +253,10 @@ class ManagerImpl {
 
   Result<SaveHandle> Skip(std::shared_ptr<SaveState> state, const std::string& why);
   void TakeSnapshot(SaveJob* job);
+  // TakeSnapshot, the job's check, then RunSave posted to the loop; on the
+  // caller's thread or the snapshot thread.
+  void SnapshotAndPost(const std::shared_ptr<SaveJob>& job, Clock::time_point snapshot_start);
+  void SnapshotThread();
   Task<void> RunSave(std::shared_ptr<SaveJob> job);
   Task<Status> Persist(SaveJob* job);
   Task<Status> WriteShards(SaveJob* job, storage::CheckpointWriter* writer);
@@ -346,6 +364,15 @@ class ManagerImpl {
   runtime::AsyncSemaphore prune_lock_{1};      // loop thread only
 
   bool read_only_ = false;
+
+  // Snapshot "background": saves whose copy is still to take, in admission
+  // order, and the thread that takes them (started by the first such save).
+  std::mutex snapshot_mu_;
+  std::condition_variable snapshot_cv_;  // the queue or snapshot_busy_ changed
+  std::deque<std::shared_ptr<SaveJob>> snapshot_queue_;  // guarded by snapshot_mu_
+  bool snapshot_busy_ = false;    // a copy is running; guarded by snapshot_mu_
+  bool snapshot_stop_ = false;    // guarded by snapshot_mu_
+  std::thread snapshot_thread_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;  // a save ended or staging was released

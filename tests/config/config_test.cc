@@ -220,7 +220,7 @@ TEST_CASE("a malformed or sub-millisecond duration names the key") {
 
 TEST_CASE("an enum value outside its choices lists the choices") {
   CHECK(ErrorOf(R"({"snapshot": "cpy"})") ==
-        "config test.json: key \"snapshot\": expected \"copy\" or \"borrow\", got string \"cpy\"");
+        "config test.json: key \"snapshot\": expected \"copy\", \"borrow\" or \"background\", got string \"cpy\"");
   CHECK(ErrorOf(R"({"io": {"direct": "on"}})") ==
         "config test.json: key \"io.direct\": expected \"auto\", true or false, got string "
         "\"on\"");

@@ -576,6 +576,95 @@ TEST_CASE("keep_alive is held until the shards are written with borrow, and drop
   }
 }
 
+
+TEST_CASE("snapshot background: the copy runs off the caller's thread, and after WaitSnapshot the buffers are free") {
+  TempDir dir;
+  Options o = SmallOptions();
+  o.snapshot = SnapshotMode::kBackground;
+  auto m = OpenOrDie(dir.path(), o);
+  auto ts = State(3);
+  const auto expected = ts;
+  auto refs = Refs(ts);
+  auto owner = std::make_shared<int>(3);
+  std::weak_ptr<int> watch = owner;
+  std::atomic<std::thread::id> copied_on{};
+  auto h = m->Save(3, refs, "{}", std::move(owner), std::nullopt, [&] {
+    copied_on = std::this_thread::get_id();
+    return Status::Ok();
+  });
+  REQUIRE(h.ok());
+  REQUIRE(h->WaitSnapshot().ok());
+  // The check ran once the copy was taken, on the snapshot thread; the
+  // caller's buffers were let go then.
+  CHECK(copied_on.load() != std::thread::id{});
+  CHECK(copied_on.load() != std::this_thread::get_id());
+  CHECK(watch.expired());
+  for (auto& t : ts) std::fill(t.bytes.begin(), t.bytes.end(), std::byte{0xEE});
+  REQUIRE(h->Wait().ok());
+  auto r = m->Restore(3);
+  REQUIRE(r.ok());
+  CheckEqual(*r, expected);
+}
+
+TEST_CASE("snapshot background: WaitSnapshots covers every save admitted, each keeps the bytes of its own Save") {
+  TempDir dir;
+  Options o = SmallOptions();
+  o.snapshot = SnapshotMode::kBackground;
+  o.keep = 0;
+  auto m = OpenOrDie(dir.path(), o);
+  auto ts = State(10);
+  auto refs = Refs(ts);
+  std::vector<std::vector<OwnedTensor>> expected;
+  for (int64_t step = 10; step < 14; ++step) {
+    auto h = m->Save(step, refs);
+    REQUIRE(h.ok());
+    expected.push_back(ts);
+    m->WaitSnapshots();  // then the trainer's optimizer step may change the state
+    for (auto& t : ts) {
+      for (auto& b : t.bytes) b = std::byte(uint8_t(b) + 1);
+    }
+  }
+  REQUIRE(m->WaitUntilFinished().ok());
+  for (int64_t step = 10; step < 14; ++step) {
+    auto r = m->Restore(step);
+    REQUIRE(r.ok());
+    CheckEqual(*r, expected[step - 10]);
+  }
+}
+
+TEST_CASE("a snapshot whose check fails is never committed: WaitSnapshot, Wait and the next Save say why") {
+  TempDir dir;
+  for (SnapshotMode mode : {SnapshotMode::kCopy, SnapshotMode::kBackground}) {
+    CAPTURE(static_cast<int>(mode));
+    Options o = SmallOptions();
+    o.snapshot = mode;
+    const fs::path root = dir / (mode == SnapshotMode::kCopy ? "copy" : "background");
+    auto m = OpenOrDie(root, o);
+    auto ts = State(1);
+    auto refs = Refs(ts);
+    REQUIRE(m->Save(1, refs).ok());
+    REQUIRE(m->WaitUntilFinished().ok());
+    auto h = m->Save(2, refs, "{}", nullptr, std::nullopt,
+                     [] { return FailedPreconditionError("tensor \"w\" changed during its snapshot"); });
+    REQUIRE(h.ok());
+    Status snap = h->WaitSnapshot();
+    CHECK(snap.code() == StatusCode::kFailedPrecondition);
+    CHECK(snap.message().find("tensor \"w\" changed") != std::string::npos);
+    Status done = h->Wait();
+    CHECK(!done.ok());
+    CHECK(done.message().find("tensor \"w\" changed") != std::string::npos);
+    CHECK(!fs::exists(root / "checkpoint_2"));
+    auto next = m->Save(3, refs);  // reports the failure once, then saves again
+    REQUIRE(!next.ok());
+    CHECK(next.status().message().find("changed during its snapshot") != std::string::npos);
+    REQUIRE(m->Save(3, refs).ok());
+    REQUIRE(m->WaitUntilFinished().ok());
+    CHECK(m->AllSteps() == std::vector<int64_t>{1, 3});
+    auto r = m->Restore(1);
+    REQUIRE(r.ok());
+    CheckEqual(*r, ts);
+  }
+}
 TEST_CASE("overlapping saves with keep=2 and keep_every=5 leave exactly the right steps") {
   TempDir dir;
   Options o = SmallOptions();
