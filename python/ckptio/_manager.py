@@ -116,6 +116,8 @@ class CheckpointManager:
         self._handles = []
         self._handles_lock = threading.Lock()
         self._device_staging = None  # pinned host memory for torch tensors on a GPU, made on first use
+        # snapshot "background": save() returns before the copy into staging.
+        self._background = self.options.get("snapshot") == "background"
         _live.add(self)
 
     # --- saving -----------------------------------------------------------
@@ -126,13 +128,23 @@ class CheckpointManager:
         and pruning run in the background. ``metadata``: anything JSON can
         encode, returned by ``metadata(step)``.
 
-        Returns a SaveHandle (``.done()``, ``.wait()``, ``.error()``,
-        ``.timings``). Raises on bad input, a step already committed, or the
-        failure of an earlier background save (reported once)."""
+        With ``snapshot="background"`` (an option of the manager), save()
+        returns before the copy into staging, which runs on a ckptio thread:
+        change nothing saved until ``wait_snapshots()`` (or the handle's
+        ``wait_snapshot()``) returns. A torch tensor changed in place before
+        its copy was done fails that save (never a torn checkpoint), naming
+        it; numpy arrays have no such check.
+
+        Returns a SaveHandle (``.done()``, ``.wait()``, ``.wait_snapshot()``,
+        ``.error()``, ``.timings``). Raises on bad input, a step already
+        committed, or the failure of an earlier background save (reported
+        once)."""
         step = _check_step(step)
         if self._device_staging is None and "torch" in sys.modules:
             self._device_staging = _torch.DeviceStaging()
-        names, dtypes, arrays, chunks, local, description, immutable = _tree.flatten(
+        if self._background and self._device_staging is not None and self._device_staging.in_use:
+            self._m.wait_snapshots()  # an earlier copy may still read the pinned host copies
+        names, dtypes, arrays, chunks, local, description, immutable, watched = _tree.flatten(
             tree, *self._process, device_staging=self._device_staging, local_copies=self._per_host)
         meta = {_tree.TREE_KEY: description}
         if metadata is not None:
@@ -141,10 +153,20 @@ class CheckpointManager:
         local = local if any(local) else None
         # A state of jax.Arrays (and scalars) is borrowed, not copied: the
         # trainer waits for nothing but the device-to-host transfers.
-        handle = self._m.save(step, names, dtypes, arrays, _metadata_json(meta), chunks, immutable, local)
+        # Torch tensors copied from their own memory: refused if changed during the copy.
+        check = _torch.snapshot_check(watched, step) if watched and not immutable else None
+        handle = self._m.save(step, names, dtypes, arrays, _metadata_json(meta), chunks, immutable, local, check)
         with self._handles_lock:
             self._handles = [h for h in self._handles if not h.done()] + [handle]
         return handle
+
+    def wait_snapshots(self):
+        """Blocks until the copy of every save so far is taken, when the saved
+        arrays may change: with ``snapshot="background"``, call it before the
+        optimizer step (``ckptio.torch.wait_before_step`` registers that);
+        returns at once otherwise. A failed copy is raised by the handle's
+        ``wait()`` and the next save()."""
+        self._m.wait_snapshots()
 
     def wait_until_finished(self, tier="local"):
         """Blocks until every save has committed (and pruning is done); raises

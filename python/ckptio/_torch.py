@@ -141,6 +141,36 @@ def from_numpy(array):
     return torch.from_numpy(array)
 
 
+def snapshot_check(watched, step):
+    """A save's snapshot check (run once its copy is taken): raises naming the
+    tensors of `watched` ((name, tensor) pairs) that changed in place since
+    this call, from their version counters. What makes snapshot "background"
+    safe to get wrong: a tensor changed during its copy fails the save,
+    never commits a torn one. (A change through ``.data`` or a numpy view
+    bumps no counter: not seen.)"""
+    versions = [t._version for _, t in watched]
+
+    def check():
+        changed = [name for (name, t), v in zip(watched, versions) if t._version != v]
+        if changed:
+            shown = ", ".join(repr(n) for n in changed[:3])
+            if len(changed) > 3:
+                shown += f" and {len(changed) - 3} more"
+            raise RuntimeError(
+                f"step {step} is not saved: {shown} changed in place while the snapshot was being copied "
+                "(snapshot=\"background\": change saved tensors only after manager.wait_snapshots(), "
+                "e.g. ckptio.torch.wait_before_step(manager, optimizer))")
+    return check
+
+
+def wait_before_step(manager, optimizer):
+    """Makes ``optimizer.step()`` wait for the copies of ``manager``'s saves
+    (snapshot "background"): the copy then overlaps the forward and backward
+    passes, which read the parameters but do not change them. Returns the
+    hook's handle (``.remove()``)."""
+    return optimizer.register_step_pre_hook(lambda *_: manager.wait_snapshots())
+
+
 # --- CUDA (any non-CPU device): copies into pinned host memory -----------------
 
 
@@ -155,6 +185,11 @@ class DeviceStaging:
     def __init__(self):
         self._buffer = None  # a pinned uint8 torch tensor
         self._streams = {}   # device -> torch.cuda.Stream
+
+    @property
+    def in_use(self):
+        """Some save copied into the buffer (a background snapshot may read it)."""
+        return self._buffer is not None
 
     def copy(self, tensors):
         """{id(t): host tensor} for every tensor of `tensors` on a CUDA device;

@@ -107,7 +107,7 @@ def to_array(value, name, kind, host=None):
 
 
 def flatten(tree, process=0, process_count=1, device_staging=None, local_copies=False):
-    """(names, dtype names, arrays, chunks, local, description, immutable) of a tree.
+    """(names, dtype names, arrays, chunks, local, description, immutable, watched) of a tree.
 
     A jax.Array spread over devices becomes the chunks this process writes:
     chunks[i] = (array name, global shape, start), and names[i] is "" (the
@@ -127,6 +127,10 @@ def flatten(tree, process=0, process_count=1, device_staging=None, local_copies=
     made here from scalars. The caller's numpy arrays and torch tensors are
     not.
 
+    `watched`: (name, tensor) of every CPU torch tensor whose own memory the
+    snapshot copies, for _torch.snapshot_check (their version counters tell
+    whether they changed during the copy).
+
     A torch DTensor is saved as the chunk this rank holds (_torch.dtensor_chunks),
     like a sharded jax.Array; tensors on an accelerator are copied to the host
     first, all at once, through `device_staging` (a _torch.DeviceStaging)."""
@@ -143,9 +147,12 @@ def flatten(tree, process=0, process_count=1, device_staging=None, local_copies=
     names, dtypes, arrays, chunks, local = [], [], [], [], []
     sharded = any(_jax.needs_chunks(value) or _torch.is_dtensor(value) for _, value, _ in leaves)
     immutable = True
+    watched = []
     for name, value, kind in leaves:
         if _torch.is_dtensor(value):
             for start, data in _torch.dtensor_chunks(value, name):
+                if data.device.type == "cpu":
+                    watched.append((name, data))
                 array = to_array(data, name, _TORCH, host)
                 names.append("")
                 dtypes.append(_dtypes.dtype_name(array.dtype))
@@ -169,13 +176,15 @@ def flatten(tree, process=0, process_count=1, device_staging=None, local_copies=
         if copy and not local_copies:
             continue
         array = to_array(value, name, kind, host)
+        if kind == _TORCH and value.device.type == "cpu":
+            watched.append((name, value))
         immutable = immutable and (kind not in (_ARRAY, _TORCH) or _jax.is_jax_array(value))
         names.append(name)
         dtypes.append(_dtypes.dtype_name(array.dtype))
         arrays.append(array)
         chunks.append(None)
         local.append(copy)
-    return names, dtypes, arrays, chunks, local, description, immutable
+    return names, dtypes, arrays, chunks, local, description, immutable, watched
 
 
 # The walkers are module functions taking their state as arguments, not

@@ -11,6 +11,22 @@ DTensors (FSDP2's ``fully_shard``) are saved as each rank's chunk. With a
 default torch.distributed process group, the manager's ranks and barrier
 come from it.
 
+With ``CheckpointManager(root, snapshot="background")`` a save costs the
+trainer almost nothing: save() returns before the copy into staging, and
+``wait_before_step(manager, optimizer)`` makes the optimizer step (the first
+thing that changes the parameters and the optimizer state) wait for it, so
+the copy overlaps the forward and backward passes:
+
+    manager = ckptio.CheckpointManager(root, snapshot="background")
+    ckptio.torch.wait_before_step(manager, optimizer)
+    for step in range(steps):
+        loss = model(batch).sum(); loss.backward()
+        optimizer.step(); optimizer.zero_grad()
+        if step % 100 == 0:
+            manager.save(step, {"model": model.state_dict(), "optim": optimizer.state_dict()})
+
+A tensor changed in place during its copy anyway fails that save, naming it.
+
 This module adds the torch.distributed.checkpoint (DCP) storage backend:
 
     import torch.distributed.checkpoint as dcp
@@ -22,6 +38,7 @@ This module adds the torch.distributed.checkpoint (DCP) storage backend:
     dcp.load(state_dict, storage_reader=ckptio.torch.StorageReader("gs://bucket/run7"))
 """
 from ._manager import CheckpointManager
+from ._torch import wait_before_step
 from ._torch_dcp import StorageReader, StorageWriter, decode_value, encode_value
 
-__all__ = ["CheckpointManager", "StorageReader", "StorageWriter", "decode_value", "encode_value"]
+__all__ = ["CheckpointManager", "StorageReader", "StorageWriter", "decode_value", "encode_value", "wait_before_step"]

@@ -300,6 +300,18 @@ class PySaveHandle {
   uint64_t bytes_written() const { return handle_.bytes_written(); }
   py::dict timings() const { return TimingsDict(handle_.timings()); }
 
+  // Until the copy is taken (snapshot "background"; at once in "copy" mode);
+  // raises the snapshot check's error. The GIL is released: the check takes it.
+  void WaitSnapshot() const {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = handle_.WaitSnapshot();
+    }
+    HeldObjects::Drain();
+    Check(s);
+  }
+
   // Blocks until the save has ended (interruptible); raises its error.
   void Wait() const {
     WaitInSlices([this](std::chrono::milliseconds slice) {
@@ -326,6 +338,35 @@ class PySaveHandle {
 
  private:
   SaveHandle handle_;
+};
+
+// A Python callable as a save's SnapshotCheck: `fn()` runs on the thread
+// that took the copy (the snapshot thread in background mode), with the GIL;
+// an exception it raises fails the save, with its message.
+class PythonSnapshotCheck {
+ public:
+  explicit PythonSnapshotCheck(py::object fn) : fn_(new py::object(std::move(fn))) {}
+  ~PythonSnapshotCheck() {
+    if (Py_IsInitialized() == 0) return;  // at exit: leaked, the interpreter is gone
+    py::gil_scoped_acquire gil;
+    delete fn_;
+  }
+  PythonSnapshotCheck(const PythonSnapshotCheck&) = delete;
+  PythonSnapshotCheck& operator=(const PythonSnapshotCheck&) = delete;
+
+  Status operator()() {
+    if (Py_IsInitialized() == 0) return CancelledError("snapshot check: the interpreter is exiting");
+    py::gil_scoped_acquire gil;
+    try {
+      (*fn_)();
+      return Status::Ok();
+    } catch (py::error_already_set& e) {
+      return FailedPreconditionError(py::str(e.value()).cast<std::string>());
+    }
+  }
+
+ private:
+  py::object* fn_;
 };
 
 // One CheckpointManager, as the Python class _ckptio.Manager.
@@ -383,7 +424,8 @@ class PyManager {
   // (array name, global shape, start) for a chunk of a sharded array.
   // `local`: None, or one bool per tensor: TensorRef::local_copy.
   py::object Save(int64_t step, const py::list& names, const py::list& dtypes, const py::list& arrays,
-                  const std::string& metadata_json, const py::object& chunks, bool borrow, const py::object& local) {
+                  const std::string& metadata_json, const py::object& chunks, bool borrow, const py::object& local,
+                  const py::object& check) {
     auto m = Get();
     HeldObjects::Drain();
     TakeUncollectedWaitError();
@@ -415,10 +457,16 @@ class PyManager {
     // contiguous) until nothing reads them: the caller may drop its own
     // references as soon as save() returns, in borrow mode too.
     std::shared_ptr<const void> keep_alive = HeldObjects::Hold(arrays);
+    SnapshotCheck snapshot_check;
+    if (!check.is_none()) {
+      auto fn = std::make_shared<PythonSnapshotCheck>(check);
+      snapshot_check = [fn] { return (*fn)(); };
+    }
     Result<SaveHandle> handle = [&] {
       py::gil_scoped_release release;
       return m->Save(step, refs, metadata_json, std::move(keep_alive),
-                     borrow ? std::optional<SnapshotMode>(SnapshotMode::kBorrow) : std::nullopt);
+                     borrow ? std::optional<SnapshotMode>(SnapshotMode::kBorrow) : std::nullopt,
+                     std::move(snapshot_check));
     }();
     HeldObjects::Drain();  // a copy-mode save let go of them already
     return py::cast(PySaveHandle(Take(std::move(handle))));
@@ -610,6 +658,17 @@ class PyManager {
     std::shared_ptr<CheckpointManager> m = Get();
     py::gil_scoped_release release;
     m->WaitUntilReady();
+  }
+
+  // Until every admitted save's copy is taken (snapshot "background"). The
+  // GIL is released: a save's snapshot check takes it.
+  void WaitSnapshots() {
+    std::shared_ptr<CheckpointManager> m = Get();
+    {
+      py::gil_scoped_release release;
+      m->WaitSnapshots();
+    }
+    HeldObjects::Drain();
   }
 
   py::dict Stats() {
@@ -824,6 +883,7 @@ PYBIND11_MODULE(_ckptio, m) {
       .def_property_readonly("timings", &PySaveHandle::timings)
       .def("done", &PySaveHandle::done)
       .def("wait", &PySaveHandle::Wait)
+      .def("wait_snapshot", &PySaveHandle::WaitSnapshot)
       .def("error", &PySaveHandle::Error);
 
   py::class_<PyManager>(m, "Manager")
@@ -833,12 +893,13 @@ PYBIND11_MODULE(_ckptio, m) {
            py::arg("barrier") = py::none(), py::arg("allgather") = py::none())
       .def("save", &PyManager::Save, py::arg("step"), py::arg("names"), py::arg("dtypes"), py::arg("arrays"),
            py::arg("metadata_json"), py::arg("chunks") = py::none(), py::arg("borrow") = false,
-           py::arg("local") = py::none())
+           py::arg("local") = py::none(), py::arg("check") = py::none())
       .def("tensors", &PyManager::Tensors, py::arg("step"))
       .def("restore_slices", &PyManager::RestoreSlices, py::arg("step"), py::arg("slices"))
       .def("hold_prefault", &PyManager::HoldPrefault)
       .def("release_prefault", &PyManager::ReleasePrefault)
       .def("wait_until_ready", &PyManager::WaitUntilReady)
+      .def("wait_snapshots", &PyManager::WaitSnapshots)
       .def("wait_until_finished", &PyManager::WaitUntilFinished)
       .def("wait_until_replicated", &PyManager::WaitUntilReplicated)
       .def("close", &PyManager::Close)

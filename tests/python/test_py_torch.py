@@ -83,6 +83,57 @@ def test_restore_into_fills_the_tensors_in_place(tmp_path, small):
         assert raw(optim.state[p]["exp_avg"]) == raw(optim2.state[p2]["exp_avg"])
 
 
+def test_background_snapshots_with_wait_before_step_save_each_steps_exact_state(tmp_path, small):
+    """snapshot="background": save() returns before the copy; the optimizer step waits for it
+    (wait_before_step), so every checkpoint holds the state as of its save() call."""
+    model, optim = make_model(2)
+    ckptio.torch.wait_before_step(mgr := ckptio.CheckpointManager(tmp_path, snapshot="background", keep=0, **small),
+                                  optim)
+    expected, handles = {}, []
+    with mgr:
+        for step in range(1, 6):
+            state = {"model": model.state_dict(), "optim": optim.state_dict(), "step": step}
+            handles.append(mgr.save(step, state))
+            expected[step] = {k: raw(v) for k, v in model.state_dict().items()}
+            model(torch.randn(4, 16)).sum().backward()  # reads the parameters while they are copied
+            optim.step()  # waits for the copy, then changes every parameter
+            optim.zero_grad()
+        for h in handles:
+            h.wait()
+        assert mgr.all_steps() == [1, 2, 3, 4, 5]
+        for step in range(1, 6):
+            back = mgr.restore(step)
+            assert back["step"] == step
+            assert {k: raw(v) for k, v in back["model"].items()} == expected[step], step
+        assert expected[1] != expected[5]  # the optimizer did change them
+
+
+def test_a_tensor_changed_while_its_background_copy_is_pending_fails_that_save_naming_it(tmp_path, small):
+    import sys
+    state = {"a": torch.arange(1000, dtype=torch.float32), "b": torch.ones(1 << 16)}
+    with ckptio.CheckpointManager(tmp_path, snapshot="background", **small) as mgr:
+        mgr.save(1, state).wait()
+        interval = sys.getswitchinterval()
+        # The check runs once the copy is taken and needs the GIL: this thread keeps it from
+        # save()'s return through the change, so the check sees the change, whatever the timing.
+        sys.setswitchinterval(100)
+        try:
+            handle = mgr.save(2, state)
+            torch.autograd.graph.increment_version(state["b"])  # what an in-place op records
+        finally:
+            sys.setswitchinterval(interval)
+        with pytest.raises(ckptio.CkptioError, match=r"step 2 is not saved: 'b' changed in place"):
+            handle.wait_snapshot()
+        with pytest.raises(ckptio.CkptioError, match="'b' changed in place"):
+            handle.wait()
+        assert not (tmp_path / "checkpoint_2").exists()
+        with pytest.raises(ckptio.CkptioError, match="an earlier background save failed"):
+            mgr.save(3, state)  # reported once...
+        mgr.save(3, state).wait()  # ...then saves go on
+        assert mgr.all_steps() == [1, 3]
+        assert raw(mgr.restore(1)["b"]) == raw(torch.ones(1 << 16))
+
+
 def test_nested_optimizer_state_round_trips_and_loads_into_an_optimizer(tmp_path, small):
     model, optim = make_model(0)
     with ckptio.CheckpointManager(tmp_path, **small) as mgr:
