@@ -156,6 +156,11 @@ CKPTIO_C_API ckptio_status ckptio_save(ckptio_manager* manager, int64_t step, co
 /* Blocks until no save is in flight (committed and pruned). Returns the first
  * background failure not reported yet, if any. */
 CKPTIO_C_API ckptio_status ckptio_wait(ckptio_manager* manager);
+/* With the config's "snapshot": "background", ckptio_save() returns before
+ * the copy of the tensors, which runs on a ckptio thread: the caller may
+ * change its buffers once this returns (it waits for the copy of every save
+ * so far). Returns at once in the other snapshot modes. */
+CKPTIO_C_API ckptio_status ckptio_wait_snapshots(ckptio_manager* manager);
 /* ckptio_save() for tensors some of which are chunks of larger arrays:
  * chunks[i] says where tensors[i] sits (chunks[i].array NULL: a whole array;
  * chunks NULL: every tensor is). A chunk's tensor name must be

@@ -247,6 +247,14 @@ ckptio_status ckptio_wait(ckptio_manager* manager) {
   });
 }
 
+ckptio_status ckptio_wait_snapshots(ckptio_manager* manager) {
+  return Guard([&]() -> Status {
+    if (manager == nullptr) return NullArgument("manager");
+    manager->impl->WaitSnapshots();
+    return Status::Ok();
+  });
+}
+
 ckptio_status ckptio_latest_step(ckptio_manager* manager, int64_t* step) {
   return Guard([&]() -> Status {
     if (manager == nullptr) return NullArgument("manager");

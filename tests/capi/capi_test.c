@@ -49,7 +49,7 @@ typedef struct scratch {
   char config[600];
 } scratch;
 
-static void scratch_make(scratch* s, int keep) {
+static void scratch_make_with(scratch* s, int keep, const char* more) {
   const char* base = getenv("TMPDIR");
   snprintf(s->dir, sizeof s->dir, "%s/ckptio-capi-XXXXXX", base && *base ? base : "/tmp");
   if (mkdtemp(s->dir) == NULL) {
@@ -63,9 +63,11 @@ static void scratch_make(scratch* s, int keep) {
     perror("fopen");
     exit(2);
   }
-  fprintf(f, "{\"staging_memory\": \"16MiB\", \"keep\": %d, \"threads\": 2}\n", keep);
+  fprintf(f, "{\"staging_memory\": \"16MiB\", \"keep\": %d, \"threads\": 2%s}\n", keep, more);
   fclose(f);
 }
+
+static void scratch_make(scratch* s, int keep) { scratch_make_with(s, keep, ""); }
 
 static void scratch_remove(scratch* s) { nftw(s->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
@@ -156,6 +158,39 @@ static int test_save_returns_after_the_snapshot_so_buffers_may_change(void) {
   int same = 1;
   for (int i = 0; i < 1024; ++i) same = same && back[i] == (float)i;
   CHECK(same);
+  ckptio_close(mgr);
+  scratch_remove(&s);
+  return 0;
+}
+
+/* snapshot "background": the buffers may change once ckptio_wait_snapshots() returns. */
+static int test_background_snapshots_are_taken_by_wait_snapshots(void) {
+  scratch s;
+  scratch_make_with(&s, 0, ", \"snapshot\": \"background\"");
+  ckptio_manager* mgr = NULL;
+  CHECK_OK(ckptio_open(s.root, s.config, &mgr));
+  if (mgr == NULL) return 1;
+  static float values[1 << 16];
+  uint64_t shape[1] = {1 << 16};
+  ckptio_tensor t = {"x", CKPTIO_DTYPE_F32, 1, shape, values};
+  for (int step = 1; step <= 3; ++step) {
+    for (int i = 0; i < (1 << 16); ++i) values[i] = (float)(i + step);
+    CHECK_OK(ckptio_save(mgr, step, &t, 1, NULL));
+    CHECK_OK(ckptio_wait_snapshots(mgr));
+    for (int i = 0; i < (1 << 16); ++i) values[i] = -1.0f; /* the optimizer step */
+  }
+  CHECK_OK(ckptio_wait(mgr));
+  static float back[1 << 16];
+  ckptio_mutable_tensor into = {"x", CKPTIO_DTYPE_F32, 1, shape, back};
+  for (int step = 1; step <= 3; ++step) {
+    int64_t read = -1;
+    CHECK_OK(ckptio_restore_into(mgr, step, &into, 1, &read));
+    CHECK(read == step);
+    int same = 1;
+    for (int i = 0; i < (1 << 16); ++i) same = same && back[i] == (float)(i + step);
+    CHECK(same);
+  }
+  CHECK(ckptio_wait_snapshots(NULL) == CKPTIO_INVALID_ARGUMENT);
   ckptio_close(mgr);
   scratch_remove(&s);
   return 0;
@@ -384,6 +419,7 @@ int main(void) {
       {"save, wait and restore round-trip bit-exact", test_save_wait_restore_round_trip_bit_exact},
       {"save returns after the snapshot, so buffers may change",
        test_save_returns_after_the_snapshot_so_buffers_may_change},
+      {"background snapshots are taken by wait_snapshots", test_background_snapshots_are_taken_by_wait_snapshots},
       {"all steps are ascending and keep prunes the oldest", test_all_steps_are_ascending_and_keep_prunes_the_oldest},
       {"a reader sees new commits after refresh", test_a_reader_sees_new_commits_after_refresh},
       {"errors come back as codes with the message", test_errors_come_back_as_codes_with_the_message},
