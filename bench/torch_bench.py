@@ -9,22 +9,29 @@ DCP's async_save with ckptio's StorageWriter, on the same state and loop, in
 
 The state: --size-gib of float32 tensors in all (--tensors of them, split
 between the ranks, each rank its own names). Per tool and process count, in
-fresh processes (each rank its own), after one untimed warm-up save:
+fresh processes (each rank its own), after one untimed warm-up save (and,
+first, 2 threads copying the same tensors into warm memory: the floor of a
+copy snapshot, which ckptio's blocked time is set against):
   loop      --saves saves, each after --compute-s of idle compute (a host
             waiting for its accelerator), as each tool's user would write it:
             torch.save to a file per rank and step; DCP's async_save after
             waiting for the previous one's future (its documented pattern);
-            ckptio's save; then the final wait. Three steps kept by each.
+            ckptio's save; ckptio with snapshot="background": wait_snapshots()
+            where the optimizer step would change the state (the end of the
+            compute), then save; then the final wait. Three steps kept by each.
   blocked   the median time a save held the trainer (for DCP, the wait for
-            the previous future included)
-  overhead  (loop wall, final wait included) / (the same loop without saves) - 1
+            the previous future included; for snapshot="background", the
+            wait_snapshots() before it)
+  overhead  (loop wall, final wait included) / (the same loop without saves) - 1;
+            and without the final wait (the per-save cost alone)
   restore   the last step into the state's tensors, its files evicted from
             the page cache first: torch.load, dcp.load, restore_into,
             dcp.load with ckptio's StorageReader; as a ratio to fio's O_DIRECT
             read rate of the same disk
   peak RSS  over the RSS with the state built, before the tool's set-up
             (VmHWM, reset through /proc/self/clear_refs): staging and the
-            warm-up save included; the largest rank's. fio reads with one
+            warm-up save included; the largest rank's; for ckptio's manager,
+            its staging_resident_bytes beside it. fio reads with one
             request in flight (psync, 8 MiB): a reader with several in flight
             (ckptio) can exceed it
 """
@@ -42,9 +49,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TOOLS = ["torch.save", "dcp-fs", "ckptio", "dcp-ckptio"]
+TOOLS = ["torch.save", "dcp-fs", "ckptio", "ckptio-bg", "dcp-ckptio"]
 LABELS = {"none": "no saves", "torch.save": "`torch.save`",
           "dcp-fs": "DCP `async_save` (FileSystemWriter)", "ckptio": "`ckptio.CheckpointManager.save`",
+          "ckptio-bg": "`ckptio.CheckpointManager.save`, `snapshot=\"background\"`",
           "dcp-ckptio": "DCP `async_save` (ckptio's StorageWriter)"}
 
 
@@ -100,15 +108,17 @@ def worker(a):
     gen = torch.Generator().manual_seed(rank)
     state = {f"r{rank}/w{i}": torch.randn(per, generator=gen) for i in range(n)}
     nbytes = n * per * 4
+    import ckptio  # its code (the extension, libckptio): loaded before the baseline, as torch is
+    import ckptio.torch
     rss0 = reset_peak()  # the state built, nothing of the tool's yet: staging counts
     root = a.dir
     os.makedirs(root, exist_ok=True)
-    import ckptio
-    import ckptio.torch
 
     mgr = writer = fut = None
     if a.tool == "ckptio":
         mgr = ckptio.CheckpointManager(os.path.join(root, "ckptio"), keep=3)
+    elif a.tool == "ckptio-bg":
+        mgr = ckptio.CheckpointManager(os.path.join(root, "ckptio"), keep=3, snapshot="background")
     elif a.tool == "dcp-ckptio":
         writer = ckptio.torch.StorageWriter(os.path.join(root, "dcp-ckptio"), keep=3)
     kept = []
@@ -122,6 +132,9 @@ def worker(a):
             if len(kept) > 3:
                 os.unlink(kept.pop(0))
         elif a.tool == "ckptio":
+            mgr.save(step, state)
+        elif a.tool == "ckptio-bg":
+            mgr.wait_snapshots()  # the optimizer step's wait (ckptio.torch.wait_before_step)
             mgr.save(step, state)
         elif a.tool in ("dcp-fs", "dcp-ckptio"):
             if fut is not None:
@@ -163,6 +176,7 @@ def worker(a):
     out["wall"] = time.perf_counter() - t0
     out["blocked"] = statistics.median(blocked) if blocked else 0.0
     out["peak_extra"] = status("VmHWM") - rss0
+    out["staging"] = mgr.stats()["staging_resident_bytes"] if mgr is not None else None
     barrier()
     if a.tool != "none":
         last = a.saves
@@ -178,7 +192,7 @@ def worker(a):
             del loaded
         elif a.tool == "dcp-fs":
             dcp.load(state, checkpoint_id=os.path.join(root, f"step{last}"))
-        elif a.tool == "ckptio":
+        elif a.tool in ("ckptio", "ckptio-bg"):
             mgr.restore_into(last, state)
         else:
             dcp.load(state, storage_reader=ckptio.torch.StorageReader(os.path.join(root, "dcp-ckptio")),
@@ -194,6 +208,35 @@ def worker(a):
     print("RESULT " + json.dumps(out), flush=True)
     if world > 1:
         dist.destroy_process_group()
+
+
+def memcpy_2threads(a):
+    """The median time of 2 threads copying the state's tensors (half each, numpy.copyto, which
+    releases the GIL) into warm memory: the floor of a copy snapshot on this machine."""
+    import threading
+
+    import numpy as np
+    import torch
+    per = a.size // a.tensors // 4
+    gen = torch.Generator().manual_seed(0)
+    src = [torch.randn(per, generator=gen).numpy() for _ in range(a.tensors)]
+    dst = [np.ones(per, dtype=np.float32) for _ in range(a.tensors)]  # touched: warm
+    halves = [list(range(0, a.tensors, 2)), list(range(1, a.tensors, 2))]
+
+    def copy(idx):
+        for i in idx:
+            np.copyto(dst[i], src[i])
+
+    times = []
+    for _ in range(7):
+        threads = [threading.Thread(target=copy, args=(h,)) for h in halves]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        times.append(time.perf_counter() - t)
+    print("RESULT " + json.dumps({"seconds": statistics.median(times[1:])}), flush=True)
 
 
 # ------------------------------------------------------------------ driver
@@ -257,6 +300,9 @@ def main():
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--size", type=int, default=0)
     a = ap.parse_args()
+    if a.worker == "memcpy":
+        memcpy_2threads(a)
+        return
     if a.worker:
         a.tool = a.worker
         worker(a)
@@ -265,29 +311,38 @@ def main():
     work = tempfile.mkdtemp(prefix="torch-bench-", dir=a.dir or os.path.join(os.path.dirname(HERE), "bench", "results"))
     try:
         read = fio_read(work, a.size)
+        memcpy = run(a, "memcpy", 1, work)[0]["seconds"]
         print(f"# PyTorch checkpoints: {a.size / (1 << 30):g} GiB of float32 in {a.tensors} tensors, "
               f"{a.saves} saves, {a.compute_s} s of idle compute before each\n")
         print(f"fio O_DIRECT sequential read on this disk: {read / 1e6:,.0f} MB/s. torch "
               f"{__import__('torch').__version__}; load average {open('/proc/loadavg').read().split()[0]} "
               "at the start.\n")
+        print(f"2 threads copying the same tensors into warm memory (numpy.copyto, half each; the floor of a "
+              f"copy snapshot here): {memcpy * 1000:.0f} ms.\n")
         for world in [int(p) for p in a.processes.split(",")]:
             base = max(r["wall"] for r in run(a, "none", world, work))
             print(f"## {world} process{'es' if world > 1 else ''} (gloo on 127.0.0.1)\n" if world > 1 else
                   "## 1 process\n")
             print(f"The loop without saves: {base:.2f} s.\n")
-            print("| tool | wall | overhead | blocked per save | final wait | restore | restore / fio read "
-                  "| peak extra RSS |")
-            print("|---|---:|---:|---:|---:|---:|---:|---:|")
+            print("| tool | wall | overhead | overhead without the final wait | blocked per save | final wait "
+                  "| restore | restore / fio read | peak extra RSS |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
             for tool in a.tools.split(","):
                 rs = run(a, tool, world, work)
                 wall = max(r["wall"] for r in rs)
                 restore = max(r["restore"] for r in rs)
                 nbytes = sum(r["bytes"] for r in rs)
                 ok = "" if all(r["restored_ok"] for r in rs) else " (restore WRONG)"
+                per_save = max(r["wall"] - r["final_wait"] for r in rs)
+                blocked = max(r["blocked"] for r in rs)
+                vs_memcpy = f" ({blocked / memcpy:.2f}x the memcpy)" if tool == "ckptio" and world == 1 else ""
+                staged = [r["staging"] for r in rs if r.get("staging") is not None]
+                staging = f" (staging {max(staged) / (1 << 20):,.0f} MiB)" if staged else ""
                 print(f"| {LABELS[tool]} | {wall:.2f} s | {100 * (wall / base - 1):+.1f}% "
-                      f"| {1000 * max(r['blocked'] for r in rs):.0f} ms | {max(r['final_wait'] for r in rs):.2f} s "
+                      f"| {100 * (per_save / base - 1):+.1f}% "
+                      f"| {1000 * blocked:.0f} ms{vs_memcpy} | {max(r['final_wait'] for r in rs):.2f} s "
                       f"| {restore:.2f} s{ok} | {nbytes / restore / read:.2f}x "
-                      f"| {max(r['peak_extra'] for r in rs) / (1 << 20):,.0f} MiB |", flush=True)
+                      f"| {max(r['peak_extra'] for r in rs) / (1 << 20):,.0f} MiB{staging} |", flush=True)
             print()
         print(f"Command: `.venv/bin/python bench/torch_bench.py --size-gib {a.size_gib:g} --tensors {a.tensors} "
               f"--saves {a.saves} --compute-s {a.compute_s} --processes {a.processes}"
