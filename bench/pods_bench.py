@@ -2,8 +2,8 @@
 """Pods (issue 28): two tiers over several jax processes, against one process and against saving
 straight to GCS, with fio in the same run.
 
-    .venv-bench/bin/python bench/pods_bench.py [--size-gib 1] [--saves 10] [--compute 2]
-        [--ckptio-python build/python] [--orbax-python .venv-bench/bin/python] [--dir DIR]
+    .venv/bin/python bench/pods_bench.py [--size-gib 1] [--saves 10] [--compute 2]
+        [--ckptio-python build/python] [--orbax-python .venv-bench/bin/python] [--rows 1,2] [--dir DIR]
         [--out bench/results/pods.md]
 
 The state: float32 arrays of --size-gib in all on a (4, 2) mesh ('a', 'b') of 8 CPU devices:
@@ -333,6 +333,8 @@ def main():
     ap.add_argument("--orbax-python", default=os.path.join(ROOT, ".venv-bench", "bin", "python"),
                     help="a python with orbax-checkpoint (make venv-bench) for the orbax row; skipped if absent")
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--rows", default=None,
+                    help="the rows to run, by number (1-5, in the order of the table above); default all")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     a.ckptio_python = os.path.abspath(a.ckptio_python)
@@ -351,6 +353,9 @@ def main():
             table.append(("replicated, 2 processes: orbax emergency", 2, "orbax", True, "orbax"))
         else:
             print(f"pods_bench: no {a.orbax_python} (make venv-bench): the orbax row is skipped", file=sys.stderr)
+        if a.rows:
+            wanted = [int(i) for i in a.rows.split(",")]
+            table = [table[i - 1] for i in wanted]
         for name, count, remote, replicated, tool in table:
             # An emulator per row: it holds what it is sent in memory, and freed too little of it
             # (OOM-killed at 18 GB in the second row of a 1 GiB run with one emulator for all).
@@ -417,7 +422,7 @@ def main():
             remote_commit = f"{remote:.2f} s (process 0's wait: its persistent save, from save())"
         else:
             remote_commit = "(the commit is remote)" if "GCS only" in name else f"{remote:.2f} s"
-        lines.append(f"| {name}{ratio} | {blocked * 1e3:.0f} ms | {commit} | {remote_commit} | "
+        lines.append(f"| {name}{ratio} | {blocked * 1e3:.1f} ms | {commit} | {remote_commit} | "
                      f"{(wall - compute) / compute * 100:.1f}% | {final:.2f} s | {caught:.2f} s | {skipped} |")
     lines.append("\nblocked: median over the 3 waited saves and the loop's saves; with 2 processes the slower "
                  "process's median, as for the commits. The replicated rows hold the same 1 GiB on both "
