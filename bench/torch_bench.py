@@ -31,7 +31,9 @@ copy snapshot, which ckptio's blocked time is set against):
   peak RSS  over the RSS with the state built, before the tool's set-up
             (VmHWM, reset through /proc/self/clear_refs): staging and the
             warm-up save included; the largest rank's; for ckptio's manager,
-            its staging_resident_bytes beside it. fio reads with one
+            its staging_resident_bytes beside it; "code" is the part that is
+            the libraries' code and other file pages first touched by the
+            tool (RssFile's growth: shared, not memory the tool holds). fio reads with one
             request in flight (psync, 8 MiB): a reader with several in flight
             (ckptio) can exceed it
 """
@@ -78,7 +80,10 @@ def reset_peak():
 def evict(root):
     for d, _, files in os.walk(root):
         for name in files:
-            fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            try:  # a step that retention is still deleting (ckptio's *.tmp-del-*) may vanish under the walk
+                fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
             try:
                 os.fsync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -111,6 +116,7 @@ def worker(a):
     import ckptio  # its code (the extension, libckptio): loaded before the baseline, as torch is
     import ckptio.torch
     rss0 = reset_peak()  # the state built, nothing of the tool's yet: staging counts
+    file0 = status("RssFile")
     root = a.dir
     os.makedirs(root, exist_ok=True)
 
@@ -176,6 +182,7 @@ def worker(a):
     out["wall"] = time.perf_counter() - t0
     out["blocked"] = statistics.median(blocked) if blocked else 0.0
     out["peak_extra"] = status("VmHWM") - rss0
+    out["code"] = status("RssFile") - file0
     out["staging"] = mgr.stats()["staging_resident_bytes"] if mgr is not None else None
     barrier()
     if a.tool != "none":
@@ -259,13 +266,14 @@ def run(a, tool, world, work):
            "--compute-s", str(a.compute_s)]
     procs = [subprocess.Popen(cmd + ["--rank", str(r)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for r in range(world)]
+    outs = [p.communicate()[0] for p in procs]  # every rank's, so that the one that failed first is shown
     results = []
-    for p in procs:
-        out = p.communicate()[0]
+    for rank, (p, out) in enumerate(zip(procs, outs)):
         lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
         if p.returncode != 0 or not lines:
-            sys.stderr.write(out[-3000:])
-            raise RuntimeError(f"{tool} on {world} process(es) failed ({p.returncode})")
+            for r, (q, o) in enumerate(zip(procs, outs)):
+                sys.stderr.write(f"--- rank {r} (exit {q.returncode}):\n{o[-3000:]}\n")
+            raise RuntimeError(f"{tool} on {world} process(es) failed (rank {rank}: {p.returncode})")
         results.append(json.loads(lines[-1][7:]))
     shutil.rmtree(d, ignore_errors=True)
     return results
@@ -325,8 +333,8 @@ def main():
                   "## 1 process\n")
             print(f"The loop without saves: {base:.2f} s.\n")
             print("| tool | wall | overhead | overhead without the final wait | blocked per save | final wait "
-                  "| restore | restore / fio read | peak extra RSS |")
-            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+                  "| restore | restore / fio read | peak extra RSS | of which code | less the code |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             for tool in a.tools.split(","):
                 rs = run(a, tool, world, work)
                 wall = max(r["wall"] for r in rs)
@@ -338,11 +346,13 @@ def main():
                 vs_memcpy = f" ({blocked / memcpy:.2f}x the memcpy)" if tool == "ckptio" and world == 1 else ""
                 staged = [r["staging"] for r in rs if r.get("staging") is not None]
                 staging = f" (staging {max(staged) / (1 << 20):,.0f} MiB)" if staged else ""
+                top = max(rs, key=lambda r: r["peak_extra"])  # the largest rank's
                 print(f"| {LABELS[tool]} | {wall:.2f} s | {100 * (wall / base - 1):+.1f}% "
                       f"| {100 * (per_save / base - 1):+.1f}% "
                       f"| {1000 * blocked:.0f} ms{vs_memcpy} | {max(r['final_wait'] for r in rs):.2f} s "
                       f"| {restore:.2f} s{ok} | {nbytes / restore / read:.2f}x "
-                      f"| {max(r['peak_extra'] for r in rs) / (1 << 20):,.0f} MiB{staging} |", flush=True)
+                      f"| {top['peak_extra'] / (1 << 20):,.0f} MiB{staging} | {top['code'] / (1 << 20):.1f} MiB "
+                      f"| {(top['peak_extra'] - top['code']) / (1 << 20):,.0f} MiB |", flush=True)
             print()
         print(f"Command: `.venv/bin/python bench/torch_bench.py --size-gib {a.size_gib:g} --tensors {a.tensors} "
               f"--saves {a.saves} --compute-s {a.compute_s} --processes {a.processes}"
