@@ -214,10 +214,15 @@ def reset_peak():
 
 def evict(root):
     """Drops root's files from the page cache (after fsync: dirty pages stay
-    cached), so that the next read comes from the disk."""
+    cached), so that the next read comes from the disk. A file that vanishes
+    under the walk is skipped: a step that ckptio's retention is still
+    deleting (*.tmp-del-*) after the last save's wait."""
     for d, _, files in os.walk(root):
         for name in files:
-            fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            try:
+                fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
             try:
                 os.fsync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

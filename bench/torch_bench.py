@@ -50,6 +50,8 @@ import sys
 import tempfile
 import time
 
+import sharded_bench  # evict(): its files out of the page cache, as the other benches do it
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOOLS = ["torch.save", "dcp-fs", "ckptio", "ckptio-bg", "dcp-ckptio"]
 LABELS = {"none": "no saves", "torch.save": "`torch.save`",
@@ -75,20 +77,6 @@ def reset_peak():
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     return status("VmRSS")
-
-
-def evict(root):
-    for d, _, files in os.walk(root):
-        for name in files:
-            try:  # a step that retention is still deleting (ckptio's *.tmp-del-*) may vanish under the walk
-                fd = os.open(os.path.join(d, name), os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 # ------------------------------------------------------------------ one rank
@@ -189,7 +177,7 @@ def worker(a):
         last = a.saves
         for v in state.values():
             v.zero_()
-        evict(root)
+        sharded_bench.evict(root)
         barrier()
         s = time.perf_counter()
         if a.tool == "torch.save":
