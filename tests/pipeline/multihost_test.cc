@@ -203,6 +203,25 @@ std::vector<Status> SaveChunks(std::vector<std::unique_ptr<CheckpointManager>>& 
   return out;
 }
 
+TEST_CASE("on_busy skip is refused in a multi-host job, naming the knob, and nothing is written") {
+  // Each process would decide alone: one skipping a step the others save
+  // would leave their save of it waiting at the barrier.
+  testing::TempDir dir;
+  Options o = testing::SmallOptions(uint64_t{4} << 20);
+  o.multihost.process_index = 1;
+  o.multihost.process_count = 2;
+  o.on_busy = OnBusy::kSkip;
+  auto m = CheckpointManager::Open(dir.path(), o, nullptr);
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.status().code() == StatusCode::kInvalidArgument);
+  CHECK(m.status().message().find("on_busy \"skip\"") != std::string::npos);
+  CHECK(m.status().message().find("process_count 2") != std::string::npos);
+  CHECK(fs::is_empty(dir.path()));
+  o.multihost.process_count = 1;  // one process: its own choice, accepted
+  o.multihost.process_index = 0;
+  CHECK(CheckpointManager::Open(dir.path(), o, nullptr).ok());
+}
+
 TEST_CASE("two processes each save half of an array as chunks; the checkpoint holds the whole array") {
   testing::TempDir dir;
   const std::vector<RowsOfW> halves = {{0, 32, 4}, {32, 32, 4}};
