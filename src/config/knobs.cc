@@ -207,8 +207,9 @@ const std::vector<Knob>& Table() {
            "Copy mode: \"background\" computes CRC32C while shards are written (the trainer waits "
            "for the copy only); \"fused\" computes it during the copy.", kSnapshotCrcChoices),
       Enum<OnBusy>(CKPTIO_KNOB(on_busy),
-           "When a save does not fit in free staging: \"wait\" for room, or \"skip\" the save "
-           "and report it.", kOnBusyChoices),
+           "When a save does not fit in free staging or max_in_flight saves are running: \"wait\" "
+           "for room, or \"skip\" the save and report it (one process only: refused when "
+           "multihost.process_count > 1).", kOnBusyChoices),
       Int(CKPTIO_KNOB(max_in_flight), "Saves running in the background at once.", 1, 1024),
       Int(CKPTIO_KNOB(keep), "Committed checkpoints to keep; 0 keeps all.", 0, kIntMax),
       Int64(CKPTIO_KNOB(keep_every), "Every K-th step is kept forever; 0 = off.", 0, kInt64Max),
