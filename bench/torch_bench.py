@@ -2,7 +2,7 @@
 """PyTorch trainers' checkpoints: torch.save, torch.distributed.checkpoint's
 async_save with its FileSystemWriter, ckptio's CheckpointManager.save, and
 DCP's async_save with ckptio's StorageWriter, on the same state and loop, in
-1 process and in 2 gloo ranks (127.0.0.1); fio's read rate in the same run.
+1 process and in 2 gloo ranks (127.0.0.1); fio's write and read rates before each row.
 
     .venv/bin/python bench/torch_bench.py [--size-gib 1] [--tensors 100] [--saves 10]
         [--compute-s 1.5] [--processes 1,2] [--dir DIR] [--python-path build/python]
@@ -18,7 +18,15 @@ copy snapshot, which ckptio's blocked time is set against):
             waiting for the previous one's future (its documented pattern);
             ckptio's save; ckptio with snapshot="background": wait_snapshots()
             where the optimizer step would change the state (the end of the
-            compute), then save; then the final wait. Three steps kept by each.
+            compute), then save; the same with on_busy="skip" (1 process only: a
+            multi-host job refuses it), a save that would wait for staging or a
+            slot dropped and counted; then the final wait. Three steps kept by each.
+  fio       the disk's write and read rates, measured again right before each row
+            (O_DIRECT, 8 MiB requests, 32 in flight, a new file of the state's
+            size): on this VM they drift from minute to minute, 0.4-2.5 GB/s
+  floor     the least overhead the disk allows a tool that makes every save
+            durable: --saves states written at that row's fio write rate, against
+            the loop without saves (0 when the disk keeps up with the loop)
   blocked   the median time a save held the trainer (for DCP, the wait for
             the previous future included; for snapshot="background", the
             wait_snapshots() before it)
@@ -26,16 +34,13 @@ copy snapshot, which ckptio's blocked time is set against):
             and without the final wait (the per-save cost alone)
   restore   the last step into the state's tensors, its files evicted from
             the page cache first: torch.load, dcp.load, restore_into,
-            dcp.load with ckptio's StorageReader; as a ratio to fio's O_DIRECT
-            read rate of the same disk
+            dcp.load with ckptio's StorageReader; as a ratio to the row's fio read
   peak RSS  over the RSS with the state built, before the tool's set-up
             (VmHWM, reset through /proc/self/clear_refs): staging and the
             warm-up save included; the largest rank's; for ckptio's manager,
             its staging_resident_bytes beside it; "code" is the part that is
             the libraries' code and other file pages first touched by the
-            tool (RssFile's growth: shared, not memory the tool holds). fio reads with one
-            request in flight (psync, 8 MiB): a reader with several in flight
-            (ckptio) can exceed it
+            tool (RssFile's growth: shared, not memory the tool holds)
 """
 import argparse
 import ctypes
@@ -53,10 +58,11 @@ import time
 import sharded_bench  # evict(): its files out of the page cache, as the other benches do it
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TOOLS = ["torch.save", "dcp-fs", "ckptio", "ckptio-bg", "dcp-ckptio"]
+TOOLS = ["torch.save", "dcp-fs", "ckptio", "ckptio-bg", "ckptio-bg-skip", "dcp-ckptio"]
 LABELS = {"none": "no saves", "torch.save": "`torch.save`",
           "dcp-fs": "DCP `async_save` (FileSystemWriter)", "ckptio": "`ckptio.CheckpointManager.save`",
           "ckptio-bg": "`ckptio.CheckpointManager.save`, `snapshot=\"background\"`",
+          "ckptio-bg-skip": "the same with `on_busy=\"skip\"`",
           "dcp-ckptio": "DCP `async_save` (ckptio's StorageWriter)"}
 
 
@@ -113,6 +119,8 @@ def worker(a):
         mgr = ckptio.CheckpointManager(os.path.join(root, "ckptio"), keep=3)
     elif a.tool == "ckptio-bg":
         mgr = ckptio.CheckpointManager(os.path.join(root, "ckptio"), keep=3, snapshot="background")
+    elif a.tool == "ckptio-bg-skip":  # a save that would wait for staging or a slot is dropped instead
+        mgr = ckptio.CheckpointManager(os.path.join(root, "ckptio"), keep=3, snapshot="background", on_busy="skip")
     elif a.tool == "dcp-ckptio":
         writer = ckptio.torch.StorageWriter(os.path.join(root, "dcp-ckptio"), keep=3)
     kept = []
@@ -127,7 +135,7 @@ def worker(a):
                 os.unlink(kept.pop(0))
         elif a.tool == "ckptio":
             mgr.save(step, state)
-        elif a.tool == "ckptio-bg":
+        elif a.tool in ("ckptio-bg", "ckptio-bg-skip"):
             mgr.wait_snapshots()  # the optimizer step's wait (ckptio.torch.wait_before_step)
             mgr.save(step, state)
         elif a.tool in ("dcp-fs", "dcp-ckptio"):
@@ -172,9 +180,10 @@ def worker(a):
     out["peak_extra"] = status("VmHWM") - rss0
     out["code"] = status("RssFile") - file0
     out["staging"] = mgr.stats()["staging_resident_bytes"] if mgr is not None else None
+    out["skipped"] = mgr.stats()["saves_skipped"] if mgr is not None else 0
     barrier()
     if a.tool != "none":
-        last = a.saves
+        last = mgr.latest_step() if a.tool == "ckptio-bg-skip" else a.saves  # the same bytes at every step
         for v in state.values():
             v.zero_()
         sharded_bench.evict(root)
@@ -187,7 +196,7 @@ def worker(a):
             del loaded
         elif a.tool == "dcp-fs":
             dcp.load(state, checkpoint_id=os.path.join(root, f"step{last}"))
-        elif a.tool in ("ckptio", "ckptio-bg"):
+        elif a.tool in ("ckptio", "ckptio-bg", "ckptio-bg-skip"):
             mgr.restore_into(last, state)
         else:
             dcp.load(state, storage_reader=ckptio.torch.StorageReader(os.path.join(root, "dcp-ckptio")),
@@ -267,14 +276,21 @@ def run(a, tool, world, work):
     return results
 
 
-def fio_read(work, nbytes):
+def fio_rates(work, nbytes):
+    """The disk's (write, read) rates in bytes/s: O_DIRECT, 8 MiB requests, 32 in flight (io_uring), into a
+    new file of the state's size (its blocks allocated as it is written, as a checkpoint's are), the write
+    fsynced at its end."""
     gib = max(1, round(nbytes / (1 << 30)))
     path = os.path.join(work, "fio.tmp")
-    common = ["fio", "--name=r", f"--filename={path}", "--bs=8M", f"--size={gib}G", "--ioengine=psync", "--direct=1"]
+    common = ["fio", "--name=r", f"--filename={path}", "--bs=8M", f"--size={gib}G", "--ioengine=io_uring",
+              "--iodepth=32", "--direct=1", "--output-format=json"]
+
+    def rate(rw, *extra):
+        p = subprocess.run(common + [f"--rw={rw}", *extra], check=True, capture_output=True, text=True)
+        return json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0][rw]["bw_bytes"]
+
     try:
-        subprocess.run(common + ["--rw=write", "--end_fsync=1"], check=True, capture_output=True)
-        p = subprocess.run(common + ["--rw=read", "--output-format=json"], check=True, capture_output=True, text=True)
-        return json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]["read"]["bw_bytes"]
+        return rate("write", "--end_fsync=1"), rate("read")
     finally:
         if os.path.exists(path):
             os.unlink(path)
@@ -306,11 +322,12 @@ def main():
     a.size = int(a.size_gib * (1 << 30))
     work = tempfile.mkdtemp(prefix="torch-bench-", dir=a.dir or os.path.join(os.path.dirname(HERE), "bench", "results"))
     try:
-        read = fio_read(work, a.size)
         memcpy = run(a, "memcpy", 1, work)[0]["seconds"]
         print(f"# PyTorch checkpoints: {a.size / (1 << 30):g} GiB of float32 in {a.tensors} tensors, "
               f"{a.saves} saves, {a.compute_s} s of idle compute before each\n")
-        print(f"fio O_DIRECT sequential read on this disk: {read / 1e6:,.0f} MB/s. torch "
+        print(f"The loop asks for {a.size / a.compute_s / 1e6:,.0f} MB/s of writes (one state per {a.compute_s} s). "
+              "The disk's rates drift from minute to minute here, so fio measures them again before each row "
+              f"(O_DIRECT, 8 MiB, 32 in flight, a new file of the state's size). torch "
               f"{__import__('torch').__version__}; load average {open('/proc/loadavg').read().split()[0]} "
               "at the start.\n")
         print(f"2 threads copying the same tensors into warm memory (numpy.copyto, half each; the floor of a "
@@ -320,10 +337,14 @@ def main():
             print(f"## {world} process{'es' if world > 1 else ''} (gloo on 127.0.0.1)\n" if world > 1 else
                   "## 1 process\n")
             print(f"The loop without saves: {base:.2f} s.\n")
-            print("| tool | wall | overhead | overhead without the final wait | blocked per save | final wait "
-                  "| restore | restore / fio read | peak extra RSS | of which code | less the code |")
-            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            print("| tool | fio write / read | wall | overhead | the disk's floor | overhead without the final wait "
+                  "| blocked per save | final wait | restore | restore / fio read | peak extra RSS | of which code "
+                  "| less the code |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             for tool in a.tools.split(","):
+                if tool == "ckptio-bg-skip" and world > 1:
+                    continue  # refused in a multi-host job: each process would skip on its own
+                write, read = fio_rates(work, a.size)
                 rs = run(a, tool, world, work)
                 wall = max(r["wall"] for r in rs)
                 restore = max(r["restore"] for r in rs)
@@ -335,7 +356,11 @@ def main():
                 staged = [r["staging"] for r in rs if r.get("staging") is not None]
                 staging = f" (staging {max(staged) / (1 << 20):,.0f} MiB)" if staged else ""
                 top = max(rs, key=lambda r: r["peak_extra"])  # the largest rank's
-                print(f"| {LABELS[tool]} | {wall:.2f} s | {100 * (wall / base - 1):+.1f}% "
+                skipped = sum(r["skipped"] for r in rs)
+                label = LABELS[tool] + (f" ({skipped} of {a.saves} saves skipped)" if tool == "ckptio-bg-skip" else "")
+                floor = max(0.0, a.saves * nbytes / write / base - 1)  # every save made durable, at fio's rate
+                print(f"| {label} | {write / 1e6:,.0f} / {read / 1e6:,.0f} MB/s | {wall:.2f} s "
+                      f"| {100 * (wall / base - 1):+.1f}% | {'-' if skipped else f'{100 * floor:+.1f}%'} "
                       f"| {100 * (per_save / base - 1):+.1f}% "
                       f"| {1000 * blocked:.0f} ms{vs_memcpy} | {max(r['final_wait'] for r in rs):.2f} s "
                       f"| {restore:.2f} s{ok} | {nbytes / restore / read:.2f}x "
