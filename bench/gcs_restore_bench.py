@@ -21,7 +21,10 @@ Per repetition, each restore in a fresh process (the manager opened, then the cl
   curl C      the floor: one curl process (--parallel --parallel-max C) making the ranged GETs that
               ckptio makes (each tensor's bytes in 16 MiB ranges, as the manifest places them) into
               /dev/null: the least the same requests take on this endpoint, with no CRC and no
-              memory written
+              memory written (the floor of restore_into() of warm arrays)
+  curl-mem C  the same GETs, each into a file of its own on tmpfs (/dev/shm): the state's size of
+              fresh memory first touched and written, as restore() must do with its output (the
+              floor of restore()); the files deleted after each run
   orbax       StandardCheckpointer().restore(path, target of ShapeDtypeStructs) (tensorstore's
               own concurrency; TENSORSTORE_GCS_HTTP_URL points it at the emulator)
 
@@ -36,6 +39,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -132,12 +136,15 @@ def plan(endpoint, bucket, prefix):
     return media_url(endpoint, bucket, manifest_name), ranges, first
 
 
-def curl_config(ranges, path):
+def curl_config(ranges, path, into=None):
+    """into: a tmpfs directory to write each range to a file of its own (memory first touched, as a
+    restore into fresh arrays touches it); else /dev/null."""
     with open(path, "w") as f:
         # Options in a config file hold for every URL unless a "next" separates them.
         for i, (url, a, b) in enumerate(ranges):
+            out = os.path.join(into, str(i)) if into else "/dev/null"
             f.write("next\n" if i else "")
-            f.write(f'url = "{url}"\nrange = {a}-{b}\noutput = "/dev/null"\nfail\nsilent\nshow-error\n'
+            f.write(f'url = "{url}"\nrange = {a}-{b}\noutput = "{out}"\nfail\nsilent\nshow-error\n'
                     f'write-out = "%{{size_download}}\\n"\n')
 
 
@@ -196,17 +203,26 @@ def inside(a):
         return run(sys.executable, RESTORE, dict(base, row=row, root=roots["ckptio"], **kw), env=env)
 
     results = {"ckptio": {c: [] for c in a.conns}, "into-warm": {c: [] for c in a.conns},
-               "curl": {c: [] for c in a.conns}, "orbax": [],
+               "curl": {c: [] for c in a.conns}, "curl-mem": {c: [] for c in a.conns}, "orbax": [],
                "first": [], "curl-first": []}
     fd, cfg = tempfile.mkstemp(prefix="gcs-restore-", suffix=".curl")
     os.close(fd)
+    fd, cfg_mem = tempfile.mkstemp(prefix="gcs-restore-mem-", suffix=".curl")
+    os.close(fd)
+    shm = tempfile.mkdtemp(prefix="gcs-restore-", dir="/dev/shm")
     try:
         curl_config(ranges, cfg)
+        curl_config(ranges, cfg_mem, into=shm)
         for rep in range(a.reps):
             for c in a.conns:
                 r = curl_all(cfg, c, expected)
                 results["curl"][c].append(r)
                 print(f"rep {rep + 1} curl {c}: {r}", file=sys.stderr)
+                r = curl_all(cfg_mem, c, expected)
+                results["curl-mem"][c].append(r)
+                print(f"rep {rep + 1} curl into memory {c}: {r}", file=sys.stderr)
+                for name in os.listdir(shm):  # its pages freed: the next run's are fresh again
+                    os.unlink(os.path.join(shm, name))
                 r = restore("ckptio", connections=c)
                 results["ckptio"][c].append(r)
                 print(f"rep {rep + 1} ckptio {c}: {r}", file=sys.stderr)
@@ -224,6 +240,8 @@ def inside(a):
                 print(f"rep {rep + 1} orbax: {r}", file=sys.stderr)
     finally:
         os.unlink(cfg)
+        os.unlink(cfg_mem)
+        shutil.rmtree(shm, ignore_errors=True)
     results["expected"] = expected
     results["pieces"] = len(ranges)
     with open(a.json_out, "w") as f:
@@ -239,33 +257,38 @@ def report(a, res, command, seconds):
            "(tests/gcs), in memory, plain HTTP on 127.0.0.1, one Python process on the same 2 cores as the "
            f"client. State: {nbytes / MIB:.0f} MiB of float32 in 17 arrays, {res['pieces']} ranged GETs of up to "
            "16 MiB. Times are medians (min–max); vs curl: curl's time / ckptio's with the same connections "
-           "in the same repetition (target >= 0.9x).\n",
+           "in the same repetition (target >= 0.9x). curl floor: the ranged GETs into /dev/null, no memory "
+           "written (the floor of restore_into() of warm arrays); curl into memory: the same GETs, each into a "
+           "file of its own on tmpfs, so that 1 GiB of fresh memory is first touched as restore() must touch "
+           "its output's (the floor of restore()).\n",
            "| connections | ckptio restore() | MB/s | CPU | ckptio restore_into() warm | MB/s | CPU | curl floor | MB/s "
-           "| CPU | restore() vs curl | restore_into() vs curl | restore() vs orbax |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| CPU | curl into memory | CPU | restore() vs curl into memory | restore() vs curl "
+           "| restore_into() vs curl | restore() vs orbax |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     fmt_s = lambda s: f"{s:.2f} s"
     rate = lambda ts, n: spread([n / t / 1e6 for t in ts], lambda x: f"{x:.0f}")
     for c in a.conns:
-        ck, warm, cu = (res[k][str(c)] for k in ("ckptio", "into-warm", "curl"))
-        errors = [r["error"] for r in ck + warm + cu if "error" in r]
+        ck, warm, cu, cm = (res[k][str(c)] for k in ("ckptio", "into-warm", "curl", "curl-mem"))
+        errors = [r["error"] for r in ck + warm + cu + cm if "error" in r]
         if errors:
-            out.append(f"| {c} | failed: {errors[0]} |" + " |" * 11)
+            out.append(f"| {c} | failed: {errors[0]} |" + " |" * 14)
             continue
-        t_ck, t_w, t_cu = ([r["seconds"] for r in rows] for rows in (ck, warm, cu))
+        t_ck, t_w, t_cu, t_cm = ([r["seconds"] for r in rows] for rows in (ck, warm, cu, cm))
         cpu = lambda rows: spread([r["cpu"] for r in rows], fmt_s)
-        vs = lambda ts: spread([u / k for k, u in zip(ts, t_cu)], lambda x: f"{x:.2f}x")
+        vs = lambda ts, floor=t_cu: spread([u / k for k, u in zip(ts, floor)], lambda x: f"{x:.2f}x")
         vo = [k / o for k, o in zip(t_ck, orbax) if o]
         out.append(f"| {c} | {spread(t_ck, fmt_s)} | {rate(t_ck, nbytes)} | {cpu(ck)} | {spread(t_w, fmt_s)} | "
                    f"{rate(t_w, nbytes)} | {cpu(warm)} | {spread(t_cu, fmt_s)} | {rate(t_cu, res['expected'])} | "
-                   f"{cpu(cu)} | {vs(t_ck)} | {vs(t_w)} | {spread(vo, lambda x: f'{x:.2f}x')} |")
+                   f"{cpu(cu)} | {spread(t_cm, fmt_s)} | {cpu(cm)} | {vs(t_ck, t_cm)} | {vs(t_ck)} | {vs(t_w)} "
+                   f"| {spread(vo, lambda x: f'{x:.2f}x')} |")
     ok_orbax = [r for r in res["orbax"] if "seconds" in r]
     if ok_orbax:
         t_o = [r["seconds"] for r in ok_orbax]
         out.append(f"| orbax (tensorstore's own) | {spread(t_o, fmt_s)} | {rate(t_o, nbytes)} | "
-                   f"{spread([r['cpu'] for r in ok_orbax], fmt_s)} |" + " |" * 8 + " 1.00x |")
+                   f"{spread([r['cpu'] for r in ok_orbax], fmt_s)} |" + " |" * 11 + " 1.00x |")
     else:
         err = [r["error"] for r in res["orbax"] if "error" in r] or [getattr(a, "orbax_error", "not run")]
-        out.append(f"| orbax | failed: {err[0]} |" + " |" * 11)
+        out.append(f"| orbax | failed: {err[0]} |" + " |" * 14)
     out.append("\nCPU: the restoring process's user + system time during the call (all its threads); curl's, "
                "the curl process's. The emulator (not counted) shares the 2 cores.")
     first = [r.get("seconds") for r in res["first"] if "seconds" in r]
