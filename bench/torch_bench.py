@@ -369,6 +369,7 @@ def main():
             print()
         print(f"Command: `.venv/bin/python bench/torch_bench.py --size-gib {a.size_gib:g} --tensors {a.tensors} "
               f"--saves {a.saves} --compute-s {a.compute_s} --processes {a.processes}"
+              + (f" --tools {a.tools}" if a.tools != ",".join(TOOLS) else "")
               + (f" --python-path {a.python_path}" if a.python_path else "") + "`")
     finally:
         shutil.rmtree(work, ignore_errors=True)
