@@ -22,8 +22,9 @@ copy snapshot, which ckptio's blocked time is set against):
             multi-host job refuses it), a save that would wait for staging or a
             slot dropped and counted; then the final wait. Three steps kept by each.
   fio       the disk's write and read rates, measured again right before each row
-            (O_DIRECT, 8 MiB requests, 32 in flight, a new file of the state's
-            size): on this VM they drift from minute to minute, 0.4-2.5 GB/s
+            (restore_bench.fio: O_DIRECT, 1 MiB requests, 32 in flight, a new file of
+            the state's size, the page cache dropped between the two): on this VM
+            they drift from minute to minute, 0.3-2.5 GB/s
   floor     the least overhead the disk allows a tool that makes every save
             durable: --saves states written at that row's fio write rate, against
             the loop without saves (0 when the disk keeps up with the loop)
@@ -55,6 +56,7 @@ import sys
 import tempfile
 import time
 
+import restore_bench  # fio(): the disk's read and write, as restore_bench measures them
 import sharded_bench  # evict(): its files out of the page cache, as the other benches do it
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -276,26 +278,6 @@ def run(a, tool, world, work):
     return results
 
 
-def fio_rates(work, nbytes):
-    """The disk's (write, read) rates in bytes/s: O_DIRECT, 8 MiB requests, 32 in flight (io_uring), into a
-    new file of the state's size (its blocks allocated as it is written, as a checkpoint's are), the write
-    fsynced at its end."""
-    gib = max(1, round(nbytes / (1 << 30)))
-    path = os.path.join(work, "fio.tmp")
-    common = ["fio", "--name=r", f"--filename={path}", "--bs=8M", f"--size={gib}G", "--ioengine=io_uring",
-              "--iodepth=32", "--direct=1", "--output-format=json"]
-
-    def rate(rw, *extra):
-        p = subprocess.run(common + [f"--rw={rw}", *extra], check=True, capture_output=True, text=True)
-        return json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0][rw]["bw_bytes"]
-
-    try:
-        return rate("write", "--end_fsync=1"), rate("read")
-    finally:
-        if os.path.exists(path):
-            os.unlink(path)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-gib", type=float, default=1.0)
@@ -327,7 +309,7 @@ def main():
               f"{a.saves} saves, {a.compute_s} s of idle compute before each\n")
         print(f"The loop asks for {a.size / a.compute_s / 1e6:,.0f} MB/s of writes (one state per {a.compute_s} s). "
               "The disk's rates drift from minute to minute here, so fio measures them again before each row "
-              f"(O_DIRECT, 8 MiB, 32 in flight, a new file of the state's size). torch "
+              f"(O_DIRECT, 1 MiB, 32 in flight, a new file of the state's size). torch "
               f"{__import__('torch').__version__}; load average {open('/proc/loadavg').read().split()[0]} "
               "at the start.\n")
         print(f"2 threads copying the same tensors into warm memory (numpy.copyto, half each; the floor of a "
@@ -344,7 +326,8 @@ def main():
             for tool in a.tools.split(","):
                 if tool == "ckptio-bg-skip" and world > 1:
                     continue  # refused in a multi-host job: each process would skip on its own
-                write, read = fio_rates(work, a.size)
+                read_s, write_s = restore_bench.fio(os.path.join(work, "fio.tmp"), a.size)
+                write, read = a.size / write_s, a.size / read_s
                 rs = run(a, tool, world, work)
                 wall = max(r["wall"] for r in rs)
                 restore = max(r["restore"] for r in rs)
