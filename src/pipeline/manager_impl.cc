@@ -95,6 +95,16 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::Open(storage::RootUrl url, Opt
                                   "delete the shards later steps refer to");
     }
   }
+  if (options.on_busy == OnBusy::kSkip && options.multihost.process_count > 1 && !read_only) {
+    // The choice is each process's own (its staging, its saves in flight),
+    // so one would skip a step that the others save, and their save of it
+    // would wait at the barrier for a fragment that never comes.
+    return InvalidArgumentError("on_busy \"skip\" with multihost.process_count " +
+                                std::to_string(options.multihost.process_count) +
+                                ": one process could skip a step that the others save, and their save of it would "
+                                "fail at the barrier after multihost.timeout; use on_busy \"wait\" in a multi-host "
+                                "job");
+  }
   std::unique_ptr<ManagerImpl> m(new ManagerImpl(std::move(url), std::move(options)));
   m->read_only_ = read_only;
   if (!m->options_.trace.path.empty()) m->tracer_ = std::make_unique<runtime::Tracer>(m->options_.trace.path);

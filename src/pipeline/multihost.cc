@@ -43,15 +43,6 @@ Status ManagerImpl::SetUpMultihost(std::shared_ptr<Barrier> barrier) {
                                 " is not in [0, process_count = " + std::to_string(mh.process_count) + ")");
   }
   if (!multihost()) return Status::Ok();
-  if (options_.on_busy == OnBusy::kSkip) {
-    // The choice is each process's own (its staging, its saves in flight),
-    // so one would skip a step that the others save, and their save of it
-    // would wait at the barrier for a fragment that never comes.
-    return InvalidArgumentError("on_busy \"skip\" with multihost.process_count " + std::to_string(mh.process_count) +
-                                ": one process could skip a step that the others save, and their save of it would "
-                                "fail at the barrier after multihost.timeout; use on_busy \"wait\" in a multi-host "
-                                "job");
-  }
   if (mh.barrier == "callback" && barrier == nullptr) {
     return InvalidArgumentError("multihost.barrier is \"callback\" but no Barrier was given to Open");
   }

@@ -217,6 +217,8 @@ TEST_CASE("on_busy skip is refused in a multi-host job, naming the knob, and not
   CHECK(m.status().message().find("on_busy \"skip\"") != std::string::npos);
   CHECK(m.status().message().find("process_count 2") != std::string::npos);
   CHECK(fs::is_empty(dir.path()));
+  CHECK_FALSE(CheckpointManager::Open(dir.path() + "/new", o, nullptr).ok());
+  CHECK_FALSE(fs::exists(dir / "new"));  // refused before any I/O: no root made
   o.multihost.process_count = 1;  // one process: its own choice, accepted
   o.multihost.process_index = 0;
   CHECK(CheckpointManager::Open(dir.path(), o, nullptr).ok());
