@@ -22,9 +22,10 @@ copy snapshot, which ckptio's blocked time is set against):
             multi-host job refuses it), a save that would wait for staging or a
             slot dropped and counted; then the final wait. Three steps kept by each.
   fio       the disk's write and read rates, measured again right before each row
-            (restore_bench.fio: O_DIRECT, 1 MiB requests, 32 in flight, a new file of
-            the state's size, the page cache dropped between the two): on this VM
-            they drift from minute to minute, 0.3-2.5 GB/s
+            (restore_bench.fio: O_DIRECT, a new file of the state's size written in 1
+            MiB requests, 32 in flight, then read so and in 16 MiB ones, 8 in flight,
+            the faster read taken, the page cache dropped before each): on this VM
+            they drift from minute to minute, 0.3-2.9 GB/s
   floor     the least overhead the disk allows a tool that makes every save
             durable: --saves states written at that row's fio write rate, against
             the loop without saves (0 when the disk keeps up with the loop)
