@@ -109,6 +109,32 @@ def test_a_restore_in_many_small_batches_reads_every_box_bit_exact(tmp_path, sma
             assert np.asarray(shard.data).tobytes() == global_value(name, 1)[shard.index].tobytes(), name
 
 
+def test_arrays_onto_cpu_devices_are_not_batched_their_buffers_being_the_result(tmp_path, small, monkeypatch):
+    # Batches of 4 KiB, but the host buffers become the CPU devices' arrays
+    # (no extra memory to bound): every array is read in one restore_slices
+    # call, so the reads of one array overlap the page faults of the next.
+    monkeypatch.setattr(ckptio._jax.Reads.__init__, "__defaults__", (4096,))
+    batches = []
+    real = ckptio._jax.Reads.run
+
+    def spy(self, manager, step):
+        if self.slices:
+            batches.append(len(self.slices))
+        return real(self, manager, step)
+
+    monkeypatch.setattr(ckptio._jax.Reads, "run", spy)
+    with ckptio.CheckpointManager(tmp_path, **small) as mgr:
+        mgr.save(1, sharded_state(1))
+        mgr.wait_until_finished()
+        target = {name: jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=NamedSharding(mesh(m), spec))
+                  for name, (m, spec) in SPECS.items()}  # as saved: every box a chunk, read in place
+        back = mgr.restore(1, target=target)
+        assert len(batches) == 1 and batches[0] >= 8 + 4 + 1 + 2, batches  # two, one, rep, part: every chunk
+    for name in SPECS:
+        for shard in back[name].addressable_shards:
+            assert np.asarray(shard.data).tobytes() == global_value(name, 1)[shard.index].tobytes(), name
+
+
 # Arrays whose boxes on other meshes are rows of 1 KiB and more: read as
 # strided slices, each row straight into place (no temporary of the chunk).
 LONG_ROWS = {"wide": ((64, 2048), P("a", "b")), "deep": ((4, 32, 2048), P("a", None, "b"))}
