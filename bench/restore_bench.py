@@ -39,7 +39,8 @@ restore (VmHWM, reset just before it) - RSS before it - the bytes restored into 
 The ratio column is time / max(disk time, touch time), the touch being the fastest of the
 touches measured (floor_touch; the issue's target: <= 1.15), except for
 into-warm, whose target is its read rate >= 0.9x the disk's (there the output is touched already).
-Medians over --reps; the spread is min-max.
+Medians over --reps; the spread is min-max. The rows run in turn, from a row one later in each
+repetition.
 """
 import argparse
 import json
@@ -371,7 +372,9 @@ def main(argv=None):
                     if "seconds" in t:
                         lim["torch_touch"] = t["seconds"]
                 limits[gib].append(lim)
-                for row in a.rows:
+                # Rows rotated per repetition: the row right after the touches (which free the
+                # state's size three times over) found its memory slow to touch, every time.
+                for row in a.rows[rep % len(a.rows):] + a.rows[:rep % len(a.rows)]:
                     root = roots["orbax" if row == "orbax-jax" else "ckptio"]
                     python = a.torch_python if row == "torch" else sys.executable
                     drop_cache(root)
