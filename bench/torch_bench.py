@@ -310,7 +310,7 @@ def main():
               f"{a.saves} saves, {a.compute_s} s of idle compute before each\n")
         print(f"The loop asks for {a.size / a.compute_s / 1e6:,.0f} MB/s of writes (one state per {a.compute_s} s). "
               "The disk's rates drift from minute to minute here, so fio measures them again before each row "
-              f"(O_DIRECT, 1 MiB, 32 in flight, a new file of the state's size). torch "
+              f"(restore_bench.fio: O_DIRECT, a new file of the state's size written in 1 MiB requests, 32 in flight, then read so and in 16 MiB ones, 8 in flight, the faster read taken). torch "
               f"{__import__('torch').__version__}; load average {open('/proc/loadavg').read().split()[0]} "
               "at the start.\n")
         print(f"2 threads copying the same tensors into warm memory (numpy.copyto, half each; the floor of a "
