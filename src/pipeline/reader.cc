@@ -215,8 +215,8 @@ Task<void> PieceLane(PieceWork* w) {
 // already. One stream runs per pool thread, kWindow at a time so that the
 // copies out of the bounce buffers are not queued long behind it. Two
 // threads populate fresh memory 2.4-3x faster than one here (8 GiB at 4 KiB
-// pages: 1.3-2.4 s against 4.6-6.0 s; /tmp/pop.c in stop 42's note), and so
-// run ahead of the disk. A 4 GiB restore_into() of fresh torch.empty tensors
+// pages: 1.3-2.4 s against 4.6-6.0 s; the populate floor of
+// bench/restore_bench.py measures it), and so run ahead of the disk. A 4 GiB restore_into() of fresh torch.empty tensors
 // (bounced: their data sits 64 bytes past a page), whose pages the copies
 // had faulted in on both threads, took 2.15-2.74 s; populated by one stream,
 // 1.72-1.87 s, against 1.61-1.79 s into the same tensors touched beforehand.
