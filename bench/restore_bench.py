@@ -37,8 +37,9 @@ restore (VmHWM, reset just before it) - RSS before it - the bytes restored into 
              memory the torch row restores into (4 KiB pages: torch asks for no huge pages)
   populate   np.empty at 4 KiB pages populated by two threads (MADV_POPULATE_WRITE, 4 MiB at a
              time, one per CPU of this machine): as ckptio populates the memory it reads into.
-             Here two threads populate 2.4-3x faster than one touches (8 GiB: 1.3-2.4 s against
-             4.6-6.0 s), so this floor is mostly the disk's.
+             Here two threads populate 2.4-3x faster than one thread populates (8 GiB: 1.3-2.4 s
+             against 4.6-6.0 s) and about 2x faster than one touches, so this floor is mostly the
+             disk's.
 
 The ratio column is time / max(disk time, touch time), the touch being the fastest of the
 touches measured (floor_touch; the issue's target: <= 1.15), except for
