@@ -203,7 +203,7 @@ else:
         at = -outs[0].ctypes.data % 4096
         libc.madvise(outs[0].ctypes.data + at, (args["bytes"] - at) // 4096 * 4096, 15)
 t0 = time.perf_counter()
-if args.get("threads"):  # populated, 4 MiB at a time, by this many threads taking turns
+if args.get("threads"):  # populated, 4 MiB at a time, by this many threads taking turns (with small: libc above)
     import threading
     at = outs[0].ctypes.data + (-outs[0].ctypes.data % 4096)
     end = (outs[0].ctypes.data + args["bytes"]) // 4096 * 4096

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 
+#include "base/align.h"
 #include "base/status_macros.h"
 #include "runtime/when_all.h"
 #include "format/crc32c.h"
@@ -56,7 +57,6 @@ struct PieceWork {
   // Of each piece, whether its memory was populated (or is being): by
   // PopulateAhead, or by the lane that took it first.
   std::vector<bool> populated;
-  size_t populate_next = 0;  // the next piece a PopulateAhead stream looks at
   Status first_error;
 };
 
@@ -98,11 +98,11 @@ constexpr size_t kCopyBlock = size_t{256} << 10;
 // waiting behind it.
 constexpr size_t kPopulateFrom = size_t{1} << 20;
 
-char* AlignDown(char* p) { return p - reinterpret_cast<uintptr_t>(p) % 4096; }
+constexpr size_t kPage = 4096;
 
 void Populate(char* p, size_t len) {
   const auto at = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t from = (at + 4095) / 4096 * 4096, to = (at + len) / 4096 * 4096;
+  const uintptr_t from = base::RoundUp(at, kPage), to = base::RoundDown(at + len, kPage);
   // Errors ignored (a kernel before 5.14, memory that is not anonymous): the
   // read faults the pages in itself.
   if (to > from) (void)::madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE);
@@ -216,23 +216,23 @@ Task<void> PieceLane(PieceWork* w) {
 // copies out of the bounce buffers are not queued long behind it. Two
 // threads populate fresh memory 2.4-3x faster than one here (8 GiB at 4 KiB
 // pages: 1.3-2.4 s against 4.6-6.0 s; the populate floor of
-// bench/restore_bench.py measures it), and so run ahead of the disk. A 4 GiB restore_into() of fresh torch.empty tensors
-// (bounced: their data sits 64 bytes past a page), whose pages the copies
-// had faulted in on both threads, took 2.15-2.74 s; populated by one stream,
-// 1.72-1.87 s, against 1.61-1.79 s into the same tensors touched beforehand.
+// bench/restore_bench.py measures it), and so run ahead of the disk. A 4 GiB
+// restore_into() of fresh torch.empty tensors (bounced: their data sits 64
+// bytes past a page), whose pages the copies had faulted in on both threads,
+// took 2.15-2.74 s; populated by one stream, 1.72-1.87 s, against 1.61-1.79 s
+// into the same tensors touched beforehand.
 Task<void> PopulateAhead(PieceWork* w) {
   while (w->first_error.ok()) {
-    size_t i = std::max(w->populate_next, w->next);
+    size_t i = w->next;  // the first piece no lane has taken, nor a stream
     while (i < w->pieces->size() && w->populated[i]) ++i;
     if (i >= w->pieces->size()) break;
-    w->populate_next = i + 1;
     w->populated[i] = true;
     const Piece& p = (*w->pieces)[i];
     if (p.dst == nullptr || p.len < kPopulateFrom || p.last_part > p.first_part) continue;
-    char* const end = p.dst + p.len;
-    for (char* at = p.dst; at < end;) {  // windows that end on a page (Populate rounds inwards)
-      char* to = end - at > static_cast<ptrdiff_t>(kWindow) ? AlignDown(at + kWindow) : end;
-      auto populate = [at, len = static_cast<size_t>(to - at)] { Populate(at, len); };
+    const uintptr_t end = reinterpret_cast<uintptr_t>(p.dst) + p.len;
+    for (uintptr_t at = reinterpret_cast<uintptr_t>(p.dst); at < end;) {  // windows that end on a page
+      const uintptr_t to = end - at > kWindow ? base::RoundDown(at + kWindow, kPage) : end;
+      auto populate = [at, to] { Populate(reinterpret_cast<char*>(at), to - at); };
       co_await w->pool->Run(populate);
       at = to;
     }
@@ -243,11 +243,11 @@ Task<Status> ReadPieces(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const st
                         std::vector<uint32_t>* crcs, const ProgressFn* progress, const std::vector<Part>* parts = nullptr) {
   uint64_t total = 0;
   for (const Piece& p : *pieces) total += p.len;
-  PieceWork work{pool, ckpt, pieces, parts, crcs, progress, total, 0, 0, std::vector<bool>(pieces->size()), 0, Status::Ok()};
+  PieceWork work{pool, ckpt, pieces, parts, crcs, progress, total, 0, 0, std::vector<bool>(pieces->size()), Status::Ok()};
   crcs->assign(pieces->size(), 0);
   std::vector<Task<void>> lanes;
   for (size_t i = 0; i < kLanes; ++i) lanes.push_back(PieceLane(&work));
-  for (size_t i = 0; i < std::max<size_t>(1, pool->size()); ++i) lanes.push_back(PopulateAhead(&work));
+  for (size_t i = 0; i < pool->size(); ++i) lanes.push_back(PopulateAhead(&work));
   co_await WhenAll(std::move(lanes));
   co_return std::move(work.first_error);
 }
