@@ -16,12 +16,10 @@ targets and back.
 jax is never imported here: it is used only when the caller's tree or target
 already holds jax objects (sys.modules["jax"]).
 """
-import collections
 import concurrent.futures
 import ctypes
 import itertools
 import sys
-import time
 
 import numpy as np
 
@@ -222,17 +220,9 @@ def _strided_rows(region, shape, out_region, out_shape, itemsize):
 # temporary and copied out (each row of a strided read is a buffer of its own).
 _MIN_RUN = 1024
 _ALIGN = 4096
-_HUGE = 2 << 20
-_MADV_HUGEPAGE = 14
 _MADV_NOHUGEPAGE = 15
 _MADV_POPULATE_WRITE = 23  # Linux 5.14
-# A huge page that takes longer than 512 small pages would (3.5 GB/s here) to
-# populate is cold; after 3 cold ones in the last 4, 4 KiB pages are asked
-# for instead for _SMALL_S (_populate).
-_COLD_HUGE_PAGE_S = _HUGE / 3.5e9
-_SMALL_S = 1.0
-_small_until = 0.0
-_cold = collections.deque(maxlen=4)
+_POPULATE_WINDOW = 4 << 20
 
 
 def _madvise():
@@ -247,63 +237,47 @@ def _madvise():
 _madvise = _madvise()
 
 
-def _populate(addr, nbytes, huge):
-    """Populates [addr, addr + nbytes) (2 MiB-aligned) in one call: as huge
-    pages (`huge`: asked for) while they come quickly, else as 4 KiB pages.
-
-    On this VM the kernel hands memory freed 2 s before back to the
-    hypervisor (free page reporting). Huge pages taken from it populated at
-    0.17-0.84 GB/s, against 3.5 GB/s for 4 KiB pages and 10-25 GB/s for huge
-    pages freed just before (a restore after another one). So the first huge
-    page of each buffer is timed: a cold one turns the rest of the buffer to
-    4 KiB pages, and 3 cold ones in the last 4 turn every buffer of the next
-    _SMALL_S. Restoring 1 GiB (bench/sharded_bench.py, 1 process) in a new
-    process took 1.29-1.41 s with huge pages always, 0.47-0.57 s with 4 KiB
-    pages always, 0.62-0.83 s so; onto another mesh after other restores,
-    0.47-0.52 s, 0.86-1.19 s and 0.60-0.80 s."""
-    global _small_until
-    if huge and time.monotonic() < _small_until:  # a buffer before this one found huge pages cold
-        _madvise(addr, nbytes, _MADV_NOHUGEPAGE)
-    elif huge:
-        t0 = time.perf_counter()
-        _madvise(addr, min(_HUGE, nbytes), _MADV_POPULATE_WRITE)
-        if nbytes <= _HUGE:
-            return
-        cold = time.perf_counter() - t0 > _COLD_HUGE_PAGE_S
-        _cold.append(cold)
-        if sum(_cold) >= 3:
-            _small_until = time.monotonic() + _SMALL_S
-            _cold.clear()
-        if cold:
-            _madvise(addr + _HUGE, nbytes - _HUGE, _MADV_NOHUGEPAGE)
-        addr, nbytes = addr + _HUGE, nbytes - _HUGE
-    _madvise(addr, nbytes, _MADV_POPULATE_WRITE)
-
-
 def _aligned_empty(shape, dtype):
     """An uninitialised array whose data starts on a 4 KiB boundary: jax takes
     such a host buffer over as a CPU device buffer without copying it
     (device_put(..., donate=True)), and O_DIRECT reads land in it directly.
-    Its pages are populated in one call on a pool thread (_populate): a
-    restore of 1 GiB in a new process whose reads faulted the pages in
-    themselves, 4 KiB at a time, took 0.52-1.22 s here, against 0.44-0.57 s
-    with them populated first."""
+
+    Its pages are 4 KiB ones, and left unpopulated: the reads that fill an
+    array straight into place populate it ahead of themselves (two streams
+    on the CPU pool, src/pipeline/reader.cc); an array filled otherwise (row
+    by row, or by copies out of a chunk read whole) is given to
+    _populate_soon. Restoring 8 GiB onto one CPU device in a new process
+    (bench/restore_bench.py, row jax; interleaved runs) took 5.0-7.6 s with
+    huge pages asked for (timed, and given up once they came cold) and each
+    buffer populated here as well, one thread per buffer; 3.7-4.1 s so;
+    4.0-9.6 s with huge pages asked for and populated by the reads alone. On this VM huge pages
+    come from memory that the hypervisor has taken back (free page
+    reporting) and are compacted on the fault itself
+    (transparent_hugepage/defrag is madvise)."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    # A buffer of 2 MiB or more starts on a huge page, and asks for huge pages.
-    align = _HUGE if nbytes >= _HUGE else _ALIGN
-    raw = np.empty(nbytes + align, dtype=np.uint8)
-    skip = -raw.ctypes.data % align
-    if _madvise is not None and align == _HUGE:  # hints: errors ignored
-        huge = time.monotonic() >= _small_until
-        # numpy itself asks for huge pages on large arrays: said either way.
-        _madvise(raw.ctypes.data + skip, nbytes // _ALIGN * _ALIGN, _MADV_HUGEPAGE if huge else _MADV_NOHUGEPAGE)
-        # On a pool thread, so that it overlaps the planning and the reads
-        # (a read into a page not yet populated faults it in itself; populating
-        # a page already written leaves its bytes alone). The task holds `raw`.
-        _populate_pool().submit(_populate, raw.ctypes.data + skip, nbytes // _ALIGN * _ALIGN,
-                                huge).add_done_callback(lambda _, keep=raw: None)
+    raw = np.empty(nbytes + _ALIGN, dtype=np.uint8)
+    skip = -raw.ctypes.data % _ALIGN
+    if _madvise is not None and nbytes >= _ALIGN:  # a hint: errors ignored
+        # numpy itself asks for huge pages on large arrays.
+        _madvise(raw.ctypes.data + skip, nbytes // _ALIGN * _ALIGN, _MADV_NOHUGEPAGE)
     return raw[skip:skip + nbytes].view(dtype).reshape(shape)
+
+
+def _populate_soon(array):
+    """Populates the pages of `array` (C-contiguous) on the populate pool,
+    _POPULATE_WINDOW at a time in order, so that both of its threads work on
+    one large array, and the copies or reads into it find its first pages
+    ready (populating a page already written leaves its bytes alone). The
+    tasks hold `array`."""
+    if _madvise is None or array.nbytes < _ALIGN:
+        return
+    start = -(-array.ctypes.data // _ALIGN) * _ALIGN
+    end = (array.ctypes.data + array.nbytes) // _ALIGN * _ALIGN
+    pool = _populate_pool()
+    for at in range(start, end, _POPULATE_WINDOW):
+        pool.submit(_madvise, at, min(_POPULATE_WINDOW, end - at),
+                    _MADV_POPULATE_WRITE).add_done_callback(lambda _, keep=array: None)
 
 
 _pool = None
@@ -356,6 +330,7 @@ class Reads:
             self.batch_bytes += out.nbytes
         itemsize = out.dtype.itemsize
         flat = out.reshape(-1)
+        plain = True  # every part read straight into place: the reads populate `out`
         for tensor, start, shape in chunk_list:
             ov = []
             for a in range(len(shape)):
@@ -375,6 +350,7 @@ class Reads:
                     self.slices.append((tensor, src[0] * itemsize, flat[dst[0]:dst[0] + dst[1]]))
                     continue
                 strided = _strided_rows(in_chunk, shape, in_out, out.shape, itemsize)
+                plain = False
                 if strided is not None:  # each row straight into place
                     raw = flat.view(np.uint8)
                     for src_off, dst_off, run, rows, stride, dst_stride in strided:
@@ -387,6 +363,8 @@ class Reads:
                     self.batch_bytes += temp.nbytes
                 part = tuple(slice(lo, hi) for lo, hi in in_chunk)
                 self.copies.append((out[tuple(slice(lo, hi) for lo, hi in in_out)], temp, part))
+        if not plain:
+            _populate_soon(out)
         return out
 
     def _scratch(self, shape, dtype):

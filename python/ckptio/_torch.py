@@ -271,8 +271,8 @@ def dtensor_chunks(t, name):
 
 def _aligned_tensor(shape, stored):
     """A new CPU tensor of `shape` and safetensors dtype `stored` whose memory
-    starts page-aligned and is populated in the background (as _jax's restore
-    buffers: O_DIRECT reads land in it directly)."""
+    starts page-aligned, on 4 KiB pages (as _jax's restore buffers: O_DIRECT
+    reads land in it directly, and populate it ahead of themselves)."""
     return from_numpy(_jax._aligned_empty(tuple(shape), _dtypes.numpy_dtype(stored)))
 
 
@@ -325,6 +325,7 @@ class Reads:
 
     def _plan(self, name, start, shape, chunk_list, itemsize, raw):
         box = tuple((s, s + n) for s, n in zip(start, shape))
+        plain = True  # every part read straight into place: the reads populate `raw`
         for tensor, cstart, cshape in chunk_list:
             ov = []
             for a in range(len(cshape)):
@@ -345,6 +346,7 @@ class Reads:
                                         raw[dst[0] * itemsize:(dst[0] + dst[1]) * itemsize]))
                     continue
                 strided = _jax._strided_rows(in_chunk, cshape, in_out, shape, itemsize)
+                plain = False
                 if strided is not None:
                     for src_off, dst_off, run, rows, stride, dst_stride in strided:
                         self.slices.append((tensor, src_off, raw[dst_off:], run, rows, stride, dst_stride))
@@ -357,6 +359,8 @@ class Reads:
                     self.batch_bytes += n
                 self.after.insert(0, lambda t=temp, r=raw, ic=in_chunk, io=in_out, cs=cshape, s=shape, k=itemsize:
                                   _copy_box(t, cs, ic, r, s, io, k))
+        if not plain:
+            _jax._populate_soon(raw)
 
     def run(self):
         if self.slices:

@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -196,51 +197,42 @@ def test_a_subtree_restores_alone_and_numpy_and_sharded_checkpoints_restore_into
         assert like["w"].sharding == sharding and np.asarray(like["w"]).tobytes() == global_value("w", 1).tobytes()
 
 
-def test_restore_buffers_take_huge_pages_while_they_come_fast_and_small_ones_once_they_come_cold(monkeypatch):
-    # The page size of a restore's host buffers follows how fast huge pages
-    # populate (_jax._populate): madvise and the clocks are stand-ins here,
-    # the decision is the code's own.
+def test_restore_buffers_are_small_pages_and_populated_here_only_when_not_read_straight_into_place(
+        tmp_path, small, monkeypatch):
+    # Arrays read straight into place are populated by the reads (C++);
+    # arrays filled row by row or by copies out of a chunk are populated here,
+    # on the populate pool. madvise is a recorder here (the advice is only a
+    # hint: the restore is right without it); the decisions are the code's.
     from ckptio import _jax
 
-    calls, clock = [], {"now": 100.0, "probe": 0.0}
+    calls = []
+    monkeypatch.setattr(_jax, "_madvise", lambda addr, length, advice: calls.append((advice, addr, length)) or 0)
+    shape = (512, 64)  # 128 KiB of float32: rows of 256 bytes, under _MIN_RUN
+    value = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    with ckptio.CheckpointManager(tmp_path, **small) as mgr:
+        mgr.save(1, {"w": jax.device_put(value, NamedSharding(mesh((4, 2)), P("a")))})
+        mgr.wait_until_finished()
 
-    def madvise(addr, length, advice):
-        calls.append((advice, length))
-        if advice == _jax._MADV_POPULATE_WRITE and length == _jax._HUGE:
-            clock["now"] += clock["probe"]  # the probe of one huge page takes this long
-        return 0
+        def restore(m, spec):
+            calls.clear()
+            sharding = NamedSharding(mesh(m), spec)
+            back = mgr.restore(1, target={"w": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)})
+            assert np.asarray(back["w"]).tobytes() == value.tobytes()
+            both = threading.Barrier(2)  # each pool thread at it: every task before them has run
+            for f in [_jax._populate_pool().submit(both.wait, timeout=60) for _ in range(2)]:
+                f.result()
+            return ([(a, n) for advice, a, n in calls if advice == _jax._MADV_POPULATE_WRITE],
+                    [n for advice, _, n in calls if advice == _jax._MADV_NOHUGEPAGE])
 
-    monkeypatch.setattr(_jax, "_madvise", madvise)
-    monkeypatch.setattr(_jax.time, "perf_counter", lambda: clock["now"])
-    monkeypatch.setattr(_jax.time, "monotonic", lambda: clock["now"])
-    monkeypatch.setattr(_jax, "_small_until", 0.0)
-    monkeypatch.setattr(_jax, "_cold", __import__("collections").deque(maxlen=4))
-    size = 9 << 20
-    hot, cold = _jax._COLD_HUGE_PAGE_S / 4, _jax._COLD_HUGE_PAGE_S * 4
-
-    def populate(probe, huge=True):
-        calls.clear()
-        clock["probe"] = probe
-        _jax._populate(0, size, huge)
-        return [advice for advice, _ in calls]
-
-    POP, NOHUGE = _jax._MADV_POPULATE_WRITE, _jax._MADV_NOHUGEPAGE
-    assert populate(hot) == [POP, POP]  # the rest as huge pages too
-    assert populate(cold) == [POP, NOHUGE, POP]  # this buffer's rest in small pages
-    assert populate(hot) == [POP, POP]  # one cold probe in the last 4: huge pages still
-    assert populate(cold) == [POP, NOHUGE, POP] and _jax._small_until == 0.0
-    assert populate(cold) == [POP, NOHUGE, POP] and _jax._small_until == clock["now"] + _jax._SMALL_S
-    # Cold three times in four: small pages for every buffer, from the allocation on, without a probe ...
-    assert populate(hot) == [NOHUGE, POP]
-    calls.clear()
-    _jax._aligned_empty((size,), np.uint8)
-    assert calls[0] == (NOHUGE, size)
-    # ... until _SMALL_S has passed: then huge pages are tried again.
-    clock["now"] += _jax._SMALL_S
-    assert populate(hot) == [POP, POP]
-    calls.clear()
-    _jax._aligned_empty((size,), np.uint8)
-    assert calls[0] == (_jax._MADV_HUGEPAGE, size)
+        # The saving mesh: each device's box is one saved chunk, read into place.
+        populated, small_pages = restore((4, 2), P("a"))
+        assert populated == [] and small_pages == [value.nbytes // 4] * 4
+        # Column strips across every saved chunk: rows of 32 bytes, copied out of each chunk.
+        populated, small_pages = restore((8,), P(None, "a"))
+        assert sorted(small_pages) == [value.nbytes // 8] * 8 + [256 << 20]  # the outputs, the scratch
+        assert sum(n for _, n in populated) == value.nbytes
+        assert all(a % _jax._ALIGN == 0 for a, _ in populated)
+        assert len({a for a, _ in populated}) == len(populated) == 8  # each output once, 16 KiB in one window
 
 
 def test_a_target_that_differs_from_the_checkpoint_raises_naming_the_tensor(tmp_path, small):
