@@ -250,9 +250,9 @@ def _aligned_empty(shape, dtype):
     (bench/restore_bench.py, row jax; interleaved runs) took 5.0-7.6 s with
     huge pages asked for (timed, and given up once they came cold) and each
     buffer populated here as well, one thread per buffer; 3.7-4.1 s so;
-    4.0-9.6 s with huge pages asked for and populated by the reads alone. On this VM huge pages
-    come from memory that the hypervisor has taken back (free page
-    reporting) and are compacted on the fault itself
+    4.0-9.6 s with huge pages asked for and populated by the reads alone.
+    On this VM huge pages come from memory that the hypervisor has taken
+    back (free page reporting) and are compacted on the fault itself
     (transparent_hugepage/defrag is madvise)."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
