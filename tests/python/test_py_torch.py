@@ -108,20 +108,28 @@ def test_background_snapshots_with_wait_before_step_save_each_steps_exact_state(
         assert expected[1] != expected[5]  # the optimizer did change them
 
 
-def test_a_tensor_changed_while_its_background_copy_is_pending_fails_that_save_naming_it(tmp_path, small):
-    import sys
+def test_a_tensor_changed_while_its_background_copy_is_pending_fails_that_save_naming_it(tmp_path, small,
+                                                                                          monkeypatch):
+    import threading
     state = {"a": torch.arange(1000, dtype=torch.float32), "b": torch.ones(1 << 16)}
+    # The snapshot thread runs the check once the copy is taken. Here it first waits for this
+    # thread's change, so the change lands while the snapshot is pending, whatever the timing
+    # (a bare race loses when the copy is done before save() takes the GIL back).
+    changed, real = threading.Event(), ckptio._torch.snapshot_check
+
+    def gated(watched, step):
+        check = real(watched, step)
+
+        def after_the_change():
+            assert changed.wait(60), "the test's change never came"
+            check()
+        return after_the_change
     with ckptio.CheckpointManager(tmp_path, snapshot="background", **small) as mgr:
         mgr.save(1, state).wait()
-        interval = sys.getswitchinterval()
-        # The check runs once the copy is taken and needs the GIL: this thread keeps it from
-        # save()'s return through the change, so the check sees the change, whatever the timing.
-        sys.setswitchinterval(100)
-        try:
-            handle = mgr.save(2, state)
-            torch.autograd.graph.increment_version(state["b"])  # what an in-place op records
-        finally:
-            sys.setswitchinterval(interval)
+        monkeypatch.setattr(ckptio._torch, "snapshot_check", gated)
+        handle = mgr.save(2, state)
+        torch.autograd.graph.increment_version(state["b"])  # what an in-place op records
+        changed.set()
         with pytest.raises(ckptio.CkptioError, match=r"step 2 is not saved: 'b' changed in place"):
             handle.wait_snapshot()
         with pytest.raises(ckptio.CkptioError, match="'b' changed in place"):
