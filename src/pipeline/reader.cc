@@ -363,16 +363,26 @@ struct Run {
   char* dst;
 };
 
-// The runs that read tensor `t` once, in order, for the rows of `reads` (its
-// reads); rows that overlap bytes an earlier row reads go to `copies`, to be
-// copied from the runs once read.
-std::vector<Run> CoverTensor(const format::ManifestTensor& t, const std::vector<RangeRead>& reads,
-                             const std::vector<size_t>& of_tensor, std::vector<Run>* copies) {
+// The runs that read bytes [from, to) of tensor `t` once, in order, for the
+// rows of `reads` (its reads) that fall there (cut at the window's ends);
+// rows that overlap bytes an earlier row reads go to `copies`, to be copied
+// from the runs once read.
+std::vector<Run> CoverWindow(const std::vector<RangeRead>& reads, const std::vector<size_t>& of_tensor, uint64_t from,
+                             uint64_t to, std::vector<Run>* copies) {
   std::vector<Run> rows;
   for (size_t k : of_tensor) {
     const RangeRead& r = reads[k];
-    for (uint64_t i = 0; i < r.rows && r.len > 0; ++i) {
-      rows.push_back({r.offset + i * r.stride, r.len, r.dst + i * r.dst_stride});
+    if (r.len == 0 || r.rows == 0 || to <= r.offset) continue;
+    const uint64_t stride = r.rows > 1 ? r.stride : 0;
+    uint64_t lo = 0, hi = r.rows;
+    if (stride > 0) {
+      lo = from > r.offset ? (from - r.offset) / stride : 0;
+      hi = std::min<uint64_t>(r.rows, (to - r.offset - 1) / stride + 1);
+    }
+    for (uint64_t i = lo; i < hi; ++i) {
+      const uint64_t start = r.offset + i * stride;
+      const uint64_t a = std::max(start, from), b = std::min(start + r.len, to);
+      if (a < b) rows.push_back({a, b - a, r.dst + i * r.dst_stride + (a - start)});
     }
   }
   // By offset, the longer first where two start together.
@@ -380,7 +390,7 @@ std::vector<Run> CoverTensor(const format::ManifestTensor& t, const std::vector<
     return a.offset != b.offset ? a.offset < b.offset : a.len > b.len;
   });
   std::vector<Run> runs;
-  uint64_t covered = 0;  // bytes [0, covered) have their run
+  uint64_t covered = from;  // bytes [from, covered) have their run
   for (const Run& row : rows) {
     const uint64_t end = row.offset + row.len;
     if (end <= covered) {  // inside what is read already (a replica's copy, say)
@@ -389,28 +399,39 @@ std::vector<Run> CoverTensor(const format::ManifestTensor& t, const std::vector<
     }
     if (row.offset > covered) runs.push_back({covered, row.offset - covered, nullptr});
     if (row.offset < covered) copies->push_back({row.offset, covered - row.offset, row.dst});
-    const uint64_t from = std::max(row.offset, covered);
-    runs.push_back({from, end - from, row.dst + (from - row.offset)});
+    const uint64_t start = std::max(row.offset, covered);
+    runs.push_back({start, end - start, row.dst + (start - row.offset)});
     covered = end;
   }
-  if (covered < t.bytes) runs.push_back({covered, t.bytes - covered, nullptr});
+  if (covered < to) runs.push_back({covered, to - covered, nullptr});
   return runs;
 }
+
+// Rows of one group of windows read together: the bookkeeping of a read made
+// of many short rows (about 64 bytes a row: a 1 GiB restore onto column
+// strips of 512 bytes held ~100 MiB of it) stays this many rows' worth, at
+// the cost of the lanes draining once per group. A read of whole tensors or
+// long rows is one group.
+constexpr uint64_t kGroupRows = uint64_t{1} << 16;
 
 // At most this many buffers in one vectored read (IOV_MAX).
 constexpr size_t kMaxParts = 1024;
 
 // Cuts a tensor's runs into pieces of at most kPiece bytes and kMaxParts
-// runs: one run, a plain read; several, a scattered one (`parts`).
+// runs: one run, a plain read; several, a scattered one (`parts`). A piece
+// of a file read through the bounce buffers (`bounced`) that reaches
+// kBounceFrom bytes takes any number of runs: they are copied out, not read
+// into (rows of 512 bytes made pieces of 512 KiB, and their per-piece costs
+// made a restore onto column strips slower than reading whole chunks).
 void AddRuns(std::vector<Piece>* pieces, std::vector<Part>* parts, const format::ManifestTensor& t,
-             const std::vector<Run>& runs) {
+             const std::vector<Run>& runs, bool bounced) {
   size_t r = 0;
   uint64_t used = 0;  // of runs[r]
   while (r < runs.size()) {
     const uint64_t start = runs[r].offset + used;
     const size_t first = parts->size();
     uint64_t len = 0;
-    while (r < runs.size() && len < kPiece && parts->size() - first < kMaxParts) {
+    while (r < runs.size() && len < kPiece && (parts->size() - first < kMaxParts || (bounced && len >= kBounceFrom))) {
       const uint64_t n = std::min<uint64_t>(runs[r].len - used, kPiece - len);
       parts->push_back({n, runs[r].dst ? runs[r].dst + used : nullptr});
       len += n;
@@ -452,34 +473,67 @@ Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const st
   // reads) so that every byte handed out is checked. The ranges a restore
   // asks for usually cover their chunks together (a process's devices hold
   // all of a chunk), and then nothing more is read.
-  struct Check {
+  //
+  // The tensors are read in windows (bytes [from, to) of one tensor), in
+  // groups of about kGroupRows rows: a tensor of more rows than that is cut
+  // into windows of about that many, each group read in parallel in turn.
+  struct Window {
     size_t tensor;
+    uint64_t from, to;
+    const std::vector<size_t>* of_tensor;
+  };
+  std::vector<std::vector<Window>> groups(1);
+  uint64_t group_rows = 0;
+  for (const auto& [tensor, of_tensor] : by_tensor) {
+    const uint64_t t_bytes = ckpt->manifest.tensors[tensor].bytes;
+    uint64_t rows = 0;
+    for (size_t k : of_tensor) rows += reads[k].rows;
+    const uint64_t windows = std::max<uint64_t>(1, rows / kGroupRows);
+    const uint64_t step = base::RoundUp(std::max<uint64_t>(1, (t_bytes + windows - 1) / windows), kPage);
+    for (uint64_t from = 0;;) {
+      const uint64_t to = std::min(t_bytes, from + step);
+      const uint64_t cost = windows == 1 ? rows : kGroupRows;
+      if (group_rows > 0 && group_rows + cost > kGroupRows) {
+        groups.emplace_back();
+        group_rows = 0;
+      }
+      groups.back().push_back({tensor, from, to, &of_tensor});
+      group_rows += cost;
+      from = to;
+      if (from >= t_bytes) break;
+    }
+  }
+  struct Check {
     size_t first_piece, last_piece;
     std::vector<Run> runs, copies;
   };
-  std::vector<Check> checks;
-  std::vector<Piece> pieces;
-  std::vector<Part> parts;
-  for (auto& [tensor, of_tensor] : by_tensor) {
-    const format::ManifestTensor& t = ckpt->manifest.tensors[tensor];
-    Check c{tensor, pieces.size(), 0, {}, {}};
-    c.runs = CoverTensor(t, reads, of_tensor, &c.copies);
-    AddRuns(&pieces, &parts, t, c.runs);
-    c.last_piece = pieces.size();
-    checks.push_back(std::move(c));
-  }
-  std::vector<uint32_t> crcs;
-  CO_TRY(co_await ReadPieces(pool, ckpt, &pieces, &crcs, progress, &parts));
-  for (const Check& check : checks) {
-    const format::ManifestTensor& t = ckpt->manifest.tensors[check.tensor];
-    uint32_t crc = 0;
-    for (size_t i = check.first_piece; i < check.last_piece; ++i) {
-      crc = i == check.first_piece ? crcs[i] : format::Crc32cCombine(crc, crcs[i], pieces[i].len);
+  std::map<size_t, uint32_t> crc_of;  // tensor -> the CRC32C of its windows read so far
+  for (const std::vector<Window>& group : groups) {
+    std::vector<Check> checks;
+    std::vector<Piece> pieces;
+    std::vector<Part> parts;
+    for (const Window& w : group) {
+      const format::ManifestTensor& t = ckpt->manifest.tensors[w.tensor];
+      Check c{pieces.size(), 0, {}, {}};
+      c.runs = CoverWindow(reads, *w.of_tensor, w.from, w.to, &c.copies);
+      AddRuns(&pieces, &parts, t, c.runs, ckpt->shards[t.shard]->PrefersBounce());
+      c.last_piece = pieces.size();
+      checks.push_back(std::move(c));
     }
-    if (crc != t.crc32c) co_return CrcMismatch(*ckpt, t, crc);
-  }
-  for (const Check& check : checks) {
-    for (const Run& c : check.copies) CopyFromRuns(check.runs, c);
+    std::vector<uint32_t> crcs;
+    CO_TRY(co_await ReadPieces(pool, ckpt, &pieces, &crcs, progress, &parts));
+    for (size_t g = 0; g < group.size(); ++g) {
+      const Window& w = group[g];
+      const format::ManifestTensor& t = ckpt->manifest.tensors[w.tensor];
+      uint32_t& crc = crc_of[w.tensor];
+      for (size_t i = checks[g].first_piece; i < checks[g].last_piece; ++i) {
+        crc = pieces[i].offset == t.offset ? crcs[i] : format::Crc32cCombine(crc, crcs[i], pieces[i].len);
+      }
+      if (w.to == t.bytes && crc != t.crc32c) co_return CrcMismatch(*ckpt, t, crc);
+    }
+    for (const Check& check : checks) {
+      for (const Run& c : check.copies) CopyFromRuns(check.runs, c);
+    }
   }
   co_return Status::Ok();
 }

@@ -70,7 +70,10 @@ struct RangeRead {
 
 // Reads the ranges, in parallel: each run of a tensor's bytes is read once,
 // in file order, by vectored reads that put each row straight into its
-// destination (a range that overlaps another's is copied from it). Every
+// destination (a range that overlaps another's is copied from it), or
+// through the lanes' bounce buffers that copy each row out. Ranges of many
+// short rows are read a window of their tensor at a time (about 64 Ki rows
+// per group of windows), so the bookkeeping stays bounded. Every
 // tensor read is checked against its CRC32C: the bytes of a tensor that no
 // range covers are read too (not kept).
 // REQUIRES: each range within its tensor; destinations do not overlap.
