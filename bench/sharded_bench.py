@@ -38,7 +38,8 @@ Per tool, after one untimed warm-up save:
             fresh), the same mesh once more.
   memory    peak RSS over the RSS before each phase (VmHWM, reset through
             /proc/self/clear_refs): what the tool adds on top of the state;
-            for restores, beyond the restored arrays' own device bytes.
+            for restores, beyond the host memory the restored arrays hold
+            (a buffer shared by replicas counted once).
 
 --processes 2 then runs each tool again in 2 processes of 4 CPU devices each
 (jax.distributed on 127.0.0.1, gloo collectives), on the (4, 2) mesh over the
@@ -184,6 +185,21 @@ def leaves(tree):
 def device_bytes(tree):
     """Bytes the tree's arrays take on the devices, replicas included."""
     return sum(s.data.nbytes for x in leaves(tree) for s in x.addressable_shards)
+
+
+def held_bytes(tree):
+    """Bytes of host memory the tree's arrays hold on CPU devices: replicas
+    that share one buffer (jax aliases a host buffer put on several CPU
+    devices) counted once, so that a peak over them is not read low."""
+    seen = {}
+    for x in leaves(tree):
+        for s in x.addressable_shards:
+            try:
+                key = s.data.unsafe_buffer_pointer()
+            except Exception:  # not a single buffer: counted whole
+                key = id(s)
+            seen[key] = max(seen.get(key, 0), s.data.nbytes)
+    return sum(seen.values())
 
 
 # ---------------------------------------------------------------- measuring
@@ -458,9 +474,9 @@ def run_child(a):
         jax.block_until_ready(restored)
         took = time.perf_counter() - t0
         peak = status("VmHWM") - rss0
-        restored_bytes = device_bytes(restored)
+        restored_bytes = held_bytes(restored)
         check(job, restored, state, ["embed/positions", "layers/0/w_in"])
-        restores[kind] = {"seconds": took, "extra": peak - restored_bytes, "device_bytes": restored_bytes}
+        restores[kind] = {"seconds": took, "extra": peak - restored_bytes, "held_bytes": restored_bytes}
         del restored
     tool.close()
     result = {"tool": a.child, "via": tool.via, "state_bytes": state_bytes, "device_bytes": state_device_bytes,
@@ -503,7 +519,7 @@ def run_restart(a):
     restored = tool.restore(a.restart, target)
     jax.block_until_ready(restored)
     took = time.perf_counter() - t0
-    extra = status("VmHWM") - rss0 - device_bytes(restored)
+    extra = status("VmHWM") - rss0 - held_bytes(restored)
     check(job, restored, job.make_state(a.size), ["embed/positions", "layers/0/w_in"])
     tool.close()
     job.close()
@@ -786,8 +802,9 @@ def report(a, results, fio, seconds, command, results_2p=None):
         "trainer would: this VM's kernel hands freed memory back to the hypervisor, and taking it again costs a "
         "hypervisor fault per page, 0.5-1.2 GB/s here) cannot: all of the restored arrays' memory is fresh there, "
         "for both tools. Peak RSS rows: VmHWM "
-        "over the RSS before the phase (the state already resident), for restores beyond the restored arrays' own "
-        "device bytes. Seed loop overhead: (wall of the loop, final wait included - wall of the same compute "
+        "over the RSS before the phase (the state already resident), for restores beyond the host memory the "
+        "restored arrays hold (a buffer that replicas share counted once: jax aliases one host buffer put on "
+        "several CPU devices). Seed loop overhead: (wall of the loop, final wait included - wall of the same compute "
         "without saves, the mean of a run before the loop and one after it) / the latter.\n",
         "Peak RSS beyond the restored arrays, each restore: " + "; ".join(
             f"{r['tool']} " + ", ".join(f"{kind} {mib(x['extra'])}" for kind, x in r["restores"].items())

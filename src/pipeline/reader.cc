@@ -145,9 +145,12 @@ Task<void> PieceLane(PieceWork* w) {
         spans.push_back({p.dst, p.len});
       }
       uint32_t crc = 0;
-      for (uint64_t at = 0; at < p.len && s.ok(); at += kWindow) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(kWindow, p.len - at));
-        Result<const char*> src = co_await f->ReadAtBounced(p.offset + at, n, bounce.get(kWindow + 2 * f->kBounceSlack));
+      // The window and its slack fill the buffer's two huge pages exactly (a
+      // window of kWindow took three: 48 MiB over the 8 lanes, not 32).
+      constexpr size_t kBounced = kWindow - 2 * storage::ReadableFile::kBounceSlack;
+      for (uint64_t at = 0; at < p.len && s.ok(); at += kBounced) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(kBounced, p.len - at));
+        Result<const char*> src = co_await f->ReadAtBounced(p.offset + at, n, bounce.get(kWindow));
         if (!src.ok()) {
           s = src.status();
           break;
