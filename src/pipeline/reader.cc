@@ -510,6 +510,14 @@ Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const st
     size_t first_piece, last_piece;
     std::vector<Run> runs, copies;
   };
+  // Progress over the whole read, not per group: each group's ReadPieces
+  // counts its own bytes.
+  uint64_t total = 0, before = 0;  // bytes of every group; of the groups read
+  for (const auto& [tensor, of_tensor] : by_tensor) total += ckpt->manifest.tensors[tensor].bytes;
+  ProgressFn overall;
+  if (progress != nullptr && *progress) {
+    overall = [&](uint64_t done, uint64_t) { (*progress)(before + done, total); };
+  }
   std::map<size_t, uint32_t> crc_of;  // tensor -> the CRC32C of its windows read so far
   for (const std::vector<Window>& group : groups) {
     std::vector<Check> checks;
@@ -524,7 +532,8 @@ Task<Status> ReadRanges(runtime::CpuPool* pool, OpenedCheckpoint* ckpt, const st
       checks.push_back(std::move(c));
     }
     std::vector<uint32_t> crcs;
-    CO_TRY(co_await ReadPieces(pool, ckpt, &pieces, &crcs, progress, &parts));
+    CO_TRY(co_await ReadPieces(pool, ckpt, &pieces, &crcs, overall ? &overall : nullptr, &parts));
+    for (const Piece& p : pieces) before += p.len;
     for (size_t g = 0; g < group.size(); ++g) {
       const Window& w = group[g];
       const format::ManifestTensor& t = ckpt->manifest.tensors[w.tensor];
