@@ -132,6 +132,18 @@ std::vector<OwnedTensor> State(int64_t step, size_t n = 6, uint64_t elems = 100'
   return ts;
 }
 
+// XORs the byte at `at` of file `path` with `mask` (twice: back as it was).
+void FlipByteAt(const std::string& path, uint64_t at, char mask) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  f.seekg(static_cast<std::streamoff>(at));
+  char c;
+  f.read(&c, 1);
+  c ^= mask;
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&c, 1);
+}
+
 void CheckEqual(const RestoredCheckpoint& r, const std::vector<OwnedTensor>& want) {
   REQUIRE(r.tensors.size() == want.size());
   for (size_t i = 0; i < want.size(); ++i) {
@@ -421,16 +433,7 @@ TEST_CASE("restore of byte ranges: slices of rows (column strips) read their exa
   // A flipped byte in a column no strip asks for, then in one a strip reads:
   // both found (the whole tensor is checked).
   const std::string shard = dir / "checkpoint_7/shard-00001.safetensors";
-  auto flip = [&](uint64_t at) {
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    REQUIRE(f.good());
-    f.seekg(static_cast<std::streamoff>(4096 + at));
-    char c;
-    f.read(&c, 1);
-    c ^= 0x10;
-    f.seekp(static_cast<std::streamoff>(4096 + at));
-    f.write(&c, 1);
-  };
+  auto flip = [&](uint64_t at) { FlipByteAt(shard, 4096 + at, 0x10); };
   for (uint64_t at : {uint64_t{2500} * cols + 3000, uint64_t{2500} * cols + 1004}) {
     flip(at);
     std::vector<Bytes> got;
@@ -483,16 +486,7 @@ TEST_CASE("restore of byte ranges: millions of short rows are read in windows, e
   // A flipped byte near the start, in the middle and in the last row: each
   // found, in whichever window holds it.
   const std::string shard = dir / "checkpoint_8/shard-00001.safetensors";
-  auto flip = [&](uint64_t at) {
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    REQUIRE(f.good());
-    f.seekg(static_cast<std::streamoff>(4096 + at));
-    char c;
-    f.read(&c, 1);
-    c ^= 0x20;
-    f.seekp(static_cast<std::streamoff>(4096 + at));
-    f.write(&c, 1);
-  };
+  auto flip = [&](uint64_t at) { FlipByteAt(shard, 4096 + at, 0x20); };
   REQUIRE(fs::file_size(shard) >= 4096 + ts[1].bytes.size());
   for (uint64_t at : {uint64_t{5}, ts[1].bytes.size() / 2 + 3, ts[1].bytes.size() - 1}) {
     flip(at);
