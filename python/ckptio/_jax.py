@@ -220,9 +220,9 @@ def _strided_rows(region, shape, out_region, out_shape, itemsize):
 # temporary and copied out: each row of a strided read is a span of its own
 # to copy out of the read buffers. At 1024, the 512-byte rows of a 1 GiB
 # restore onto column strips (bench/sharded_bench.py, row "other") went
-# through 256 MiB of temporaries: 300-320 MiB at peak beyond the restored
-# arrays. Read in place (the reader bounds its bookkeeping of short rows),
-# 15-18 MiB, in the same time (1.0-1.3 s either way).
+# through 256 MiB of temporaries: 445 MiB at peak beyond the host memory of
+# the restored arrays. Read in place (the reader bounds its bookkeeping of
+# short rows), 52-57 MiB, in the same time (0.9-1.2 s either way).
 _MIN_RUN = 256
 _ALIGN = 4096
 _MADV_NOHUGEPAGE = 15
